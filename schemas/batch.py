@@ -1,0 +1,48 @@
+"""OpenAI Batch API line formats, for `qbatch bulk` input and output files.
+
+See https://platform.openai.com/docs/guides/batch: input lines carry
+`custom_id`, `method`, `url`, `body`; output lines carry `id`, `custom_id`,
+`response{status_code, request_id, body}` and `error`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import limits
+from schemas.request import Endpoint
+
+
+class BatchInputLine(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    custom_id: Annotated[str, Field(min_length=1, max_length=limits.MAX_CUSTOM_ID_CHARS)]
+    method: Literal["POST"] = "POST"
+    url: Endpoint
+    body: dict[str, Any]
+
+
+class BatchOutputResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status_code: int
+    request_id: str
+    body: dict[str, Any] | None
+
+
+class BatchOutputError(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: str
+    message: str
+
+
+class BatchOutputLine(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    custom_id: str | None
+    response: BatchOutputResponse | None
+    error: BatchOutputError | None

@@ -1,0 +1,103 @@
+"""Bytes off the wire -> a typed envelope, or a `ContractError` that names the fault.
+
+The worker and the producer both validate here, so a request the producer
+accepts is one the worker accepts. When the envelope is bad we still try to
+recover a request_id (from the JSON, else from the record key) so the caller
+gets a `failed` result instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas import limits
+from schemas.errors import ContractError
+from schemas.request import RequestEnvelope
+
+_ID_RE = re.compile(limits.ID_PATTERN)
+
+
+def valid_id(value: object) -> str | None:
+    """`value` if it is a well-formed request or job id, else None."""
+    if isinstance(value, str) and _ID_RE.fullmatch(value):
+        return value
+    return None
+
+
+def recover_request_id(data: object, key: bytes | None) -> str | None:
+    """Best effort: a well-formed request_id from the parsed JSON or the record key."""
+    if isinstance(data, dict):
+        found = valid_id(data.get("request_id"))
+        if found:
+            return found
+    if key:
+        try:
+            return valid_id(key.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+def parse_json(raw: bytes, key: bytes | None = None) -> dict[str, Any]:
+    """Size, encoding and JSON shape checks, before any model validation."""
+    if len(raw) > limits.MAX_ENVELOPE_BYTES:
+        raise ContractError(
+            f"envelope is {len(raw)} bytes, over the {limits.MAX_ENVELOPE_BYTES} byte limit",
+            param="(envelope)",
+            request_id=recover_request_id(None, key),
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContractError(
+            f"not UTF-8 at byte {exc.start}",
+            param="(envelope)",
+            request_id=recover_request_id(None, key),
+        ) from None
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ContractError(
+            f"not JSON: {exc}", param="(envelope)", request_id=recover_request_id(None, key)
+        ) from None
+    if not isinstance(data, dict):
+        raise ContractError(
+            f"envelope must be a JSON object, got {type(data).__name__}",
+            param="(envelope)",
+            request_id=recover_request_id(None, key),
+        )
+    return data
+
+
+def validate_envelope(data: dict[str, Any], key: bytes | None = None) -> RequestEnvelope:
+    try:
+        return RequestEnvelope.model_validate(data)
+    except ValidationError as exc:
+        raise ContractError.from_validation(
+            exc, request_id=recover_request_id(data, key)
+        ) from None
+    except RecursionError:
+        raise ContractError(
+            "nested too deeply", param="(envelope)", request_id=recover_request_id(data, key)
+        ) from None
+
+
+def decode_request(raw: bytes, key: bytes | None = None) -> RequestEnvelope:
+    """The one way a request is read off Kafka."""
+    envelope = validate_envelope(parse_json(raw, key), key)
+    if key is not None and key != envelope.request_id.encode("utf-8"):
+        raise ContractError(
+            "record key must equal request_id",
+            param="request_id",
+            request_id=envelope.request_id,
+        )
+    return envelope
+
+
+def encode_request(envelope: RequestEnvelope) -> bytes:
+    """Canonical bytes for the wire (None fields dropped to keep records small)."""
+    return envelope.model_dump_json(exclude_none=True, by_alias=True).encode("utf-8")

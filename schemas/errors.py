@@ -1,0 +1,110 @@
+"""Error codes and the one rule for turning a validation failure into words.
+
+Every rejection names the field at fault (`param`), so a producer can fix a
+bulk file line by line without reading worker logs.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class ErrorCode(StrEnum):
+    invalid_request = "invalid_request"
+    unknown_model = "unknown_model"
+    context_length_exceeded = "context_length_exceeded"
+    deadline_exceeded = "deadline_exceeded"
+    cancelled = "cancelled"
+    engine_error = "engine_error"
+    internal_error = "internal_error"
+
+
+class ErrorInfo(BaseModel):
+    """The `error` object of a result that did not succeed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    code: ErrorCode
+    message: str
+    param: str | None = None
+
+
+def loc_to_param(loc: tuple[int | str, ...]) -> str:
+    """`("body", "messages", 0, "role")` -> `body.messages[0].role`.
+
+    Pydantic inserts union-branch tags (e.g. `user`, `function-after[...]`) into
+    locations; they mean nothing to a caller and are dropped.
+    """
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" in part or part in _UNION_TAGS:
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+_UNION_TAGS = frozenset(
+    {"system", "user", "assistant", "tool", "developer", "str", "list[...]", "text", "json_object",
+     "json_schema", "chat", "completion", "int", "ChatCompletionBody", "CompletionBody"}
+)
+
+
+class ContractError(ValueError):
+    """A request that breaks the contract: carries code, message and the field at fault.
+
+    `message` always starts with the field (`param: ...`) so that it reads well
+    on its own in a result, a DLQ header or a CLI line.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: ErrorCode = ErrorCode.invalid_request,
+        request_id: str | None = None,
+    ) -> None:
+        if param and not message.startswith(param):
+            message = f"{param}: {message}"
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.request_id = request_id
+
+    def info(self) -> ErrorInfo:
+        return ErrorInfo(code=self.code, message=self.message, param=self.param)
+
+    @classmethod
+    def from_validation(
+        cls, exc: ValidationError, *, prefix: str = "", request_id: str | None = None
+    ) -> ContractError:
+        """The first error decides `param`; the message lists up to three."""
+        errors = exc.errors(include_url=False)
+        parts = []
+        params: list[str] = []
+        for err in errors[:3]:
+            param = loc_to_param(tuple(err["loc"]))
+            if prefix:
+                param = f"{prefix}.{param}" if param else prefix
+            params.append(param)
+            parts.append(f"{param or '(envelope)'}: {err['msg']}")
+        more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
+        return cls(
+            "; ".join(parts) + more, param=params[0] or None if params else None,
+            request_id=request_id,
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (self.message, self.param, self.code, self.request_id))
+
+
+def _rebuild(
+    message: str, param: str | None, code: ErrorCode, request_id: str | None
+) -> ContractError:
+    return ContractError(message, param=param, code=code, request_id=request_id)

@@ -1,0 +1,27 @@
+"""Size bounds of the v1 contract.
+
+They exist so that one hostile or buggy producer cannot make a worker allocate
+without bound or smuggle megabytes into Redis. The envelope bound sits below
+Kafka's default `message.max.bytes` (1 MiB) so that anything the broker accepts
+and we reject is rejected for a reason we can name.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+MAX_ENVELOPE_BYTES = 1_000_000
+MAX_MESSAGES = 1_024
+MAX_TEXT_CHARS = 900_000
+MAX_TOOLS = 128
+MAX_TOOL_SCHEMA_BYTES = 64_000
+MAX_METADATA_BYTES = 16_384
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
+MAX_OUTPUT_TOKENS = 262_144
+MAX_PROMPT_TOKEN_IDS = 262_144
+MAX_RESULT_TTL_S = 30 * 86_400
+DEFAULT_RESULT_TTL_S = 86_400
+ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+MAX_CUSTOM_ID_CHARS = 512
+PRIORITY_BOUND = 2**31

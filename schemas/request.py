@@ -1,0 +1,324 @@
+"""The request envelope: what producers put on `qbatch.requests`.
+
+The body is an OpenAI request body for the envelope's endpoint. Models are
+strict (unknown fields rejected) because a silently ignored field, say a
+misspelt `max_tokens`, is a bug the caller never sees.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from schemas import limits
+
+RequestId = Annotated[str, Field(pattern=limits.ID_PATTERN, min_length=1, max_length=128)]
+Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
+CHAT_ENDPOINT: Endpoint = "/v1/chat/completions"
+COMPLETIONS_ENDPOINT: Endpoint = "/v1/completions"
+Text = Annotated[str, Field(max_length=limits.MAX_TEXT_CHARS)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- messages
+
+
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: Text
+
+
+Content = Text | Annotated[list[TextPart], Field(min_length=1, max_length=256)]
+
+
+def content_text(content: Content | None) -> str:
+    """Flatten OpenAI content parts to the plain text a chat template expects."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+class FunctionCall(StrictModel):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    arguments: Annotated[str, Field(max_length=limits.MAX_TEXT_CHARS)]
+    """JSON text, exactly as OpenAI sends it."""
+
+
+class ToolCall(StrictModel):
+    id: Annotated[str, Field(min_length=1, max_length=128)]
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class SystemMessage(StrictModel):
+    role: Literal["system", "developer"]
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(StrictModel):
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+
+
+class AssistantMessage(StrictModel):
+    role: Literal["assistant"]
+    content: Content | None = None
+    reasoning_content: Text | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=limits.MAX_TOOLS)] | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _says_something(self) -> AssistantMessage:
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
+        return self
+
+
+class ToolMessage(StrictModel):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=128)]
+
+
+Message = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage,
+    Discriminator("role"),
+]
+
+# ---------------------------------------------------------------- tools
+
+
+class FunctionDef(StrictModel):
+    name: Annotated[str, Field(pattern=limits.TOOL_NAME_PATTERN)]
+    description: Annotated[str, Field(max_length=8_192)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _is_json_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Reject a broken schema at the edge, not when the model calls the tool."""
+        if value is None:
+            return value
+        if len(json.dumps(value)) > limits.MAX_TOOL_SCHEMA_BYTES:
+            raise ValueError(f"tool schema over {limits.MAX_TOOL_SCHEMA_BYTES} bytes")
+        try:
+            Draft202012Validator.check_schema(value)
+        except SchemaError as exc:
+            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        if value.get("type", "object") != "object":
+            raise ValueError("tool parameters must describe an object")
+        return value
+
+
+class Tool(StrictModel):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(StrictModel):
+    name: Annotated[str, Field(pattern=limits.TOOL_NAME_PATTERN)]
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+# ---------------------------------------------------------------- response_format
+
+
+class TextFormat(StrictModel):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(StrictModel):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(StrictModel):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("schema_")
+    @classmethod
+    def _is_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            Draft202012Validator.check_schema(value)
+        except SchemaError as exc:
+            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        return value
+
+
+class JsonSchemaFormat(StrictModel):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Discriminator("type")
+]
+
+# ---------------------------------------------------------------- bodies
+
+OutputTokens = Annotated[int, Field(ge=1, le=limits.MAX_OUTPUT_TOKENS)]
+Stop = (
+    Annotated[str, Field(min_length=1, max_length=limits.MAX_STOP_CHARS)]
+    | Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=limits.MAX_STOP_CHARS)]],
+        Field(max_length=limits.MAX_STOP_SEQUENCES),
+    ]
+)
+
+
+class SamplingFields(StrictModel):
+    """Fields both endpoints share; mapped onto engine sampling parameters."""
+
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=100_000)] | None = None
+    max_tokens: OutputTokens | None = None
+    stop: Stop | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    n: Literal[1] | None = None
+    """Only one choice per request: fan out with several request_ids instead."""
+    user: Annotated[str, Field(max_length=256)] | None = None
+    """Accepted for OpenAI compatibility; not used."""
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionBody(SamplingFields):
+    messages: Annotated[list[Message], Field(min_length=1, max_length=limits.MAX_MESSAGES)]
+    tools: Annotated[list[Tool], Field(max_length=limits.MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    max_completion_tokens: OutputTokens | None = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChatCompletionBody:
+        names = [tool.function.name for tool in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: function names must be unique")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(
+                f"tool_choice names {self.tool_choice.function.name!r}, which is not in tools"
+            )
+        if self.tool_choice == "required" and not names:
+            raise ValueError("tool_choice is 'required' but no tools are given")
+        call_ids = {
+            call.id
+            for message in self.messages
+            if isinstance(message, AssistantMessage)
+            for call in message.tool_calls or ()
+        }
+        for index, message in enumerate(self.messages):
+            if isinstance(message, ToolMessage) and call_ids and message.tool_call_id not in call_ids:
+                raise ValueError(
+                    f"messages[{index}].tool_call_id {message.tool_call_id!r} answers no "
+                    "earlier assistant tool call"
+                )
+        return self
+
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionBody(SamplingFields):
+    prompt: (
+        Annotated[str, Field(min_length=1, max_length=limits.MAX_TEXT_CHARS)]
+        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=limits.MAX_PROMPT_TOKEN_IDS)]
+    )
+    echo: bool | None = None
+    response_format: ResponseFormat | None = None
+
+    def output_limit(self) -> int | None:
+        return self.max_tokens
+
+
+def _body_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "completion" if "prompt" in value and "messages" not in value else "chat"
+    if isinstance(value, CompletionBody):
+        return "completion"
+    return "chat"
+
+
+Body = Annotated[
+    Annotated[ChatCompletionBody, Tag("chat")] | Annotated[CompletionBody, Tag("completion")],
+    Discriminator(_body_kind),
+]
+
+# ---------------------------------------------------------------- envelope
+
+
+class RequestEnvelope(StrictModel):
+    """One request on the requests topic (the record key is `request_id`)."""
+
+    v: Literal[1] = 1
+    request_id: RequestId
+    endpoint: Endpoint = CHAT_ENDPOINT
+    body: Body
+    job_id: RequestId | None = None
+    custom_id: Annotated[str, Field(min_length=1, max_length=limits.MAX_CUSTOM_ID_CHARS)] | None = None
+    priority: Annotated[int, Field(gt=-limits.PRIORITY_BOUND, lt=limits.PRIORITY_BOUND)] = 0
+    deadline: AwareDatetime | None = None
+    result_ttl_s: Annotated[int, Field(ge=1, le=limits.MAX_RESULT_TTL_S)] = limits.DEFAULT_RESULT_TTL_S
+    metadata: dict[str, Any] | None = None
+    submitted_at: AwareDatetime | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _small_metadata(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and len(json.dumps(value)) > limits.MAX_METADATA_BYTES:
+            raise ValueError(f"metadata over {limits.MAX_METADATA_BYTES} bytes of JSON")
+        return value
+
+    @model_validator(mode="after")
+    def _body_matches_endpoint(self) -> RequestEnvelope:
+        if self.endpoint == COMPLETIONS_ENDPOINT and not isinstance(self.body, CompletionBody):
+            raise ValueError("body: /v1/completions takes `prompt`, not `messages`")
+        if self.endpoint == CHAT_ENDPOINT and not isinstance(self.body, ChatCompletionBody):
+            raise ValueError("body: /v1/chat/completions takes `messages`, not `prompt`")
+        return self
+
+    @property
+    def is_chat(self) -> bool:
+        return isinstance(self.body, ChatCompletionBody)
+
+    def deadline_passed(self, now: datetime) -> bool:
+        return self.deadline is not None and now >= self.deadline

@@ -1,0 +1,145 @@
+"""The result envelope: what a worker writes to `{prefix}:result:{request_id}`.
+
+`response` is a plain OpenAI ChatCompletion or Completion object so that code
+written against the OpenAI SDK's types can read it unchanged.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.errors import ErrorInfo
+from schemas.request import ToolCall
+
+
+class ResultModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Status(StrEnum):
+    succeeded = "succeeded"
+    failed = "failed"
+    expired = "expired"
+    cancelled = "cancelled"
+
+
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "abort"]
+
+
+class Usage(ResultModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantOutput(ResultModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatChoice(ResultModel):
+    index: int = 0
+    message: AssistantOutput
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class ChatCompletion(ResultModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionChoice(ResultModel):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class Completion(ResultModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class ToolCallError(ResultModel):
+    """A `<tool_call>` block the model emitted that did not parse or validate."""
+
+    index: int
+    raw: str
+    reason: str
+    name: str | None = None
+
+
+class Timings(ResultModel):
+    """Epoch milliseconds, and the spans derived from them."""
+
+    submitted: int | None = None
+    dequeued: int | None = None
+    dispatched: int | None = None
+    finished: int | None = None
+    queue_ms: float | None = None
+    batch_wait_ms: float | None = None
+    inference_ms: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        submitted: int | None,
+        dequeued: int | None,
+        dispatched: int | None,
+        finished: int | None,
+    ) -> Timings:
+        def span(a: int | None, b: int | None) -> float | None:
+            return float(b - a) if a is not None and b is not None else None
+
+        return cls(
+            submitted=submitted,
+            dequeued=dequeued,
+            dispatched=dispatched,
+            finished=finished,
+            queue_ms=span(submitted, dequeued),
+            batch_wait_ms=span(dequeued, dispatched),
+            inference_ms=span(dispatched, finished),
+        )
+
+
+class WorkerInfo(ResultModel):
+    id: str
+    batch_id: str | None = None
+    batch_size: int | None = None
+    model: str | None = None
+    engine: str | None = None
+
+
+class ResultEnvelope(ResultModel):
+    """Exactly one per request_id; `error` is set whenever status is not succeeded."""
+
+    v: Literal[1] = 1
+    request_id: str
+    job_id: str | None = None
+    custom_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    status: Status
+    response: ChatCompletion | Completion | None = None
+    error: ErrorInfo | None = None
+    tool_call_errors: list[ToolCallError] = Field(default_factory=list)
+    timings: Timings = Field(default_factory=Timings)
+    worker: WorkerInfo | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.succeeded
