@@ -174,6 +174,3 @@ class OffsetTracker(Generic[K]):
         """Records tracked but not done for one partition (0 if not held)."""
         state = self._parts.get(partition)
         return 0 if state is None else len(state.pending)
-
-    def __len__(self) -> int:
-        return self._in_flight

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("specs", nargs="*")
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--timeout", type=float, default=30.0)
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     if args.command == "wait":
         return cmd_wait(args.bootstrap, args.timeout)
     if args.command == "topics":

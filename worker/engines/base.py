@@ -36,7 +36,7 @@ class SamplingSpec:
 @dataclass(slots=True)
 class EngineRequest:
     key: str
-    """The request_id; outputs are matched back by it."""
+    """Unique per submission (not the request_id: a duplicate id may be in flight twice)."""
     prompt: str
     prompt_token_ids: list[int] | None
     sampling: SamplingSpec

@@ -1,0 +1,393 @@
+"""`QBatchClient`: publish request envelopes to Kafka, read results from Redis.
+
+    with QBatchClient() as qb:                      # settings from QBATCH_* env
+        rid = qb.submit({"messages": [{"role": "user", "content": "hi"}]})
+        result = qb.wait(rid, timeout=30)           # ResultEnvelope | None
+        print(result.response.choices[0].message.content)
+
+Every envelope is validated with `schemas.validate_envelope` before anything is
+published, so a `ContractError` (naming the field at fault) is raised at the call,
+never discovered later in a worker log.
+
+Waiting: the worker pushes one token onto `{prefix}:done:{request_id}` after it writes
+`{prefix}:result:{request_id}`. The result key is the truth; the token is only a
+wake-up. `wait` checks GET first, then BLPOPs on the token for at most `poll_s`, then
+GETs again, and loops until the deadline: a token consumed by another waiter costs
+at most one `poll_s` of latency, and a server where BLPOP fails falls back to
+polling GET.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+import redis
+from kafka import KafkaProducer
+from kafka.errors import KafkaError
+
+from schemas import (
+    CHAT_ENDPOINT,
+    COMPLETIONS_ENDPOINT,
+    ConnectionSettings,
+    ContractError,
+    RedisKeys,
+    RequestEnvelope,
+    ResultEnvelope,
+    encode_request,
+    validate_envelope,
+)
+
+DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
+    "acks": "all",
+    "enable_idempotence": True,
+    "linger_ms": 10,
+    "batch_size": 512 * 1024,
+    "max_in_flight_requests_per_connection": 5,
+    "delivery_timeout_ms": 120_000,
+    "request_timeout_ms": 30_000,
+    "retry_backoff_ms": 100,
+}
+"""kafka-python producer settings: durable (acks=all, idempotent, retried until the
+delivery timeout) and batched for throughput. Override with `producer_config=`."""
+
+
+class PublishError(RuntimeError):
+    """Kafka did not acknowledge some records; `failed` maps request_id -> the error."""
+
+    def __init__(self, failed: Mapping[str, BaseException]) -> None:
+        self.failed = dict(failed)
+        first = next(iter(self.failed.items()), None)
+        detail = f"; first: {first[0]}: {first[1]!r}" if first else ""
+        super().__init__(f"{len(self.failed)} record(s) not acknowledged by Kafka{detail}")
+
+
+def new_request_id() -> str:
+    """A fresh request id: `req-` + 32 hex digits."""
+    return f"req-{uuid.uuid4().hex}"
+
+
+def endpoint_for(body: Mapping[str, Any]) -> str:
+    """`/v1/completions` for a body with `prompt` and no `messages`, else chat."""
+    return COMPLETIONS_ENDPOINT if "prompt" in body and "messages" not in body else CHAT_ENDPOINT
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def build_envelope(
+    body: Mapping[str, Any],
+    *,
+    request_id: str | None = None,
+    endpoint: str | None = None,
+    job_id: str | None = None,
+    custom_id: str | None = None,
+    priority: int | None = None,
+    deadline: datetime | str | None = None,
+    result_ttl_s: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    submitted_at: datetime | None = None,
+) -> RequestEnvelope:
+    """A validated envelope (ContractError naming the field if not valid)."""
+    data: dict[str, Any] = {
+        "request_id": request_id if request_id is not None else new_request_id(),
+        "endpoint": endpoint or endpoint_for(body),
+        "body": dict(body),
+        "submitted_at": (submitted_at or now_utc()).isoformat(),
+    }
+    if job_id is not None:
+        data["job_id"] = job_id
+    if custom_id is not None:
+        data["custom_id"] = custom_id
+    if priority is not None:
+        data["priority"] = priority
+    if deadline is not None:
+        data["deadline"] = deadline.isoformat() if isinstance(deadline, datetime) else deadline
+    if result_ttl_s is not None:
+        data["result_ttl_s"] = result_ttl_s
+    if metadata is not None:
+        data["metadata"] = dict(metadata)
+    return validate_envelope(data)
+
+
+@dataclass(slots=True)
+class Request:
+    """One request for `submit_many` (the same options as `submit`)."""
+
+    body: Mapping[str, Any]
+    request_id: str | None = None
+    endpoint: str | None = None
+    job_id: str | None = None
+    custom_id: str | None = None
+    priority: int | None = None
+    deadline: datetime | str | None = None
+    result_ttl_s: int | None = None
+    metadata: Mapping[str, Any] | None = field(default=None)
+
+    def envelope(self) -> RequestEnvelope:
+        return build_envelope(
+            self.body,
+            request_id=self.request_id,
+            endpoint=self.endpoint,
+            job_id=self.job_id,
+            custom_id=self.custom_id,
+            priority=self.priority,
+            deadline=self.deadline,
+            result_ttl_s=self.result_ttl_s,
+            metadata=self.metadata,
+        )
+
+
+def parse_result(raw: bytes | str | None) -> ResultEnvelope | None:
+    if raw is None:
+        return None
+    return ResultEnvelope.model_validate_json(raw)
+
+
+class QBatchClient:
+    """Submit requests to qbatch and read their results.
+
+    Arguments override `settings` (default: `ConnectionSettings()`, i.e. the
+    `QBATCH_*` environment). `producer`/`redis_client` may be injected (tests, or
+    sharing one connection); the Kafka producer is created on first publish, so a
+    client that only reads results never connects to Kafka.
+    """
+
+    def __init__(
+        self,
+        settings: ConnectionSettings | None = None,
+        *,
+        bootstrap: str | None = None,
+        redis_url: str | None = None,
+        topic: str | None = None,
+        prefix: str | None = None,
+        producer_config: Mapping[str, Any] | None = None,
+        producer: Any | None = None,
+        redis_client: Any | None = None,
+        send_timeout_s: float = 60.0,
+        poll_s: float = 1.0,
+    ) -> None:
+        base = settings or ConnectionSettings()
+        updates: dict[str, Any] = {}
+        if bootstrap is not None:
+            updates["kafka_bootstrap"] = bootstrap
+        if redis_url is not None:
+            updates["redis_url"] = redis_url
+        if topic is not None:
+            updates["topic"] = topic
+        if prefix is not None:
+            updates["prefix"] = prefix
+        # Re-validate so that a bad --prefix is refused here, not when a key is built.
+        self.settings = (
+            ConnectionSettings.model_validate({**base.model_dump(), **updates}) if updates else base
+        )
+        self.keys: RedisKeys = self.settings.keys
+        self.topic = self.settings.topic
+        self._producer_config = {**DEFAULT_PRODUCER_CONFIG, **(producer_config or {})}
+        self._producer = producer
+        self._redis = redis_client
+        self.send_timeout_s = send_timeout_s
+        self.poll_s = poll_s
+        self._closed = False
+
+    # ------------------------------------------------------------ connections
+
+    @property
+    def redis(self) -> Any:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(
+                self.settings.redis_url, **self.settings.redis_kwargs()
+            )
+        return self._redis
+
+    @property
+    def producer(self) -> Any:
+        if self._producer is None:
+            self._producer = KafkaProducer(**self.settings.kafka_kwargs(), **self._producer_config)
+        return self._producer
+
+    # ------------------------------------------------------------ publishing
+
+    def send(self, envelope: RequestEnvelope) -> Any:
+        """Publish a validated envelope without waiting: returns kafka-python's future."""
+        return self.producer.send(
+            self.topic,
+            key=envelope.request_id.encode("utf-8"),
+            value=encode_request(envelope),
+        )
+
+    def flush(self, futures: Iterable[tuple[str, Any]] = (), timeout: float | None = None) -> None:
+        """Flush the producer, then raise PublishError if any of `futures` failed."""
+        self.producer.flush(timeout=timeout if timeout is not None else self.send_timeout_s)
+        failed: dict[str, BaseException] = {}
+        for rid, future in futures:
+            try:
+                future.get(timeout=0 if future.is_done else self.send_timeout_s)
+            except (KafkaError, Exception) as exc:
+                failed[rid] = exc
+        if failed:
+            raise PublishError(failed)
+
+    def submit(
+        self,
+        body: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        endpoint: str | None = None,
+        job_id: str | None = None,
+        custom_id: str | None = None,
+        priority: int | None = None,
+        deadline: datetime | str | None = None,
+        result_ttl_s: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        flush: bool = True,
+    ) -> str:
+        """Validate and publish one request; returns its request_id.
+
+        With `flush=True` (default) this returns once Kafka has acknowledged the record
+        (acks=all) and raises `PublishError` otherwise.
+        """
+        envelope = build_envelope(
+            body,
+            request_id=request_id,
+            endpoint=endpoint,
+            job_id=job_id,
+            custom_id=custom_id,
+            priority=priority,
+            deadline=deadline,
+            result_ttl_s=result_ttl_s,
+            metadata=metadata,
+        )
+        future = self.send(envelope)
+        if flush:
+            self.flush([(envelope.request_id, future)])
+        return envelope.request_id
+
+    def submit_envelope(self, envelope: RequestEnvelope | Mapping[str, Any]) -> str:
+        """Publish a ready-made envelope (validated again) and wait for the ack."""
+        env = (
+            validate_envelope(envelope.model_dump(mode="json", exclude_none=True))
+            if isinstance(envelope, RequestEnvelope)
+            else validate_envelope(dict(envelope))
+        )
+        if env.submitted_at is None:
+            env = env.model_copy(update={"submitted_at": now_utc()})
+        self.flush([(env.request_id, self.send(env))])
+        return env.request_id
+
+    def submit_many(self, requests: Iterable[Request | Mapping[str, Any]]) -> list[str]:
+        """Validate all, then publish all with one flush; returns the request_ids in order.
+
+        Items are `Request`s or bare bodies. If any item is invalid, a ContractError is
+        raised (its message prefixed with `[index]`) and nothing is published.
+        """
+        envelopes: list[RequestEnvelope] = []
+        for index, item in enumerate(requests):
+            req = item if isinstance(item, Request) else Request(body=item)
+            try:
+                envelopes.append(req.envelope())
+            except ContractError as exc:
+                raise ContractError(
+                    f"[{index}] {exc.message}", code=exc.code, request_id=exc.request_id
+                ) from None
+        ids = [env.request_id for env in envelopes]
+        if len(set(ids)) != len(ids):
+            raise ContractError("request_ids must be unique within one call", param="request_id")
+        futures = [(env.request_id, self.send(env)) for env in envelopes]
+        self.flush(futures)
+        return ids
+
+    # ------------------------------------------------------------ results
+
+    def get(self, request_id: str) -> ResultEnvelope | None:
+        """The result if it is written, else None (never blocks)."""
+        return parse_result(self.redis.get(self.keys.result(request_id)))
+
+    def get_many(self, request_ids: Sequence[str]) -> dict[str, ResultEnvelope | None]:
+        out: dict[str, ResultEnvelope | None] = {}
+        for start in range(0, len(request_ids), 1000):
+            chunk = list(request_ids[start : start + 1000])
+            values = self.redis.mget([self.keys.result(rid) for rid in chunk])
+            for rid, raw in zip(chunk, values, strict=True):
+                out[rid] = parse_result(raw)
+        return out
+
+    def _block(self, keys: Sequence[str], seconds: float) -> None:
+        """Sleep until one of the wake-up lists gets a token, at most `seconds`."""
+        if seconds <= 0:
+            return
+        try:
+            self.redis.blpop(list(keys), timeout=max(seconds, 0.01))
+        except redis.exceptions.ResponseError:
+            time.sleep(min(seconds, 0.1))  # BLPOP refused (ACL, proxy): poll instead
+
+    def wait(self, request_id: str, timeout: float | None = 30.0) -> ResultEnvelope | None:
+        """The result, waiting up to `timeout` seconds (None: forever); None on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done_key = self.keys.done(request_id)
+        while True:
+            result = self.get(request_id)
+            if result is not None:
+                return result
+            left = (
+                self.poll_s if deadline is None else min(self.poll_s, deadline - time.monotonic())
+            )
+            if left <= 0:
+                return None
+            self._block([done_key], left)
+
+    def wait_many(
+        self, request_ids: Sequence[str], timeout: float | None = 30.0
+    ) -> dict[str, ResultEnvelope | None]:
+        """Results for all ids (None for those not written when `timeout` runs out)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        found: dict[str, ResultEnvelope | None] = dict.fromkeys(request_ids)
+        missing = list(dict.fromkeys(request_ids))
+        while True:
+            got = self.get_many(missing)
+            for rid, result in got.items():
+                if result is not None:
+                    found[rid] = result
+            missing = [rid for rid in missing if found[rid] is None]
+            if not missing:
+                return found
+            left = (
+                self.poll_s if deadline is None else min(self.poll_s, deadline - time.monotonic())
+            )
+            if left <= 0:
+                return found
+            self._block([self.keys.done(rid) for rid in missing[:256]], left)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush and close the Kafka producer, close Redis. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._producer is not None:
+            try:
+                self._producer.flush(
+                    timeout=timeout if timeout is not None else self.send_timeout_s
+                )
+            finally:
+                self._producer.close(timeout=timeout if timeout is not None else 5)
+        if self._redis is not None:
+            self._redis.close()
+
+    def __enter__(self) -> QBatchClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,159 @@
+"""Helpers for producer integration tests: a unique topic and an echo worker subprocess.
+
+Used by `tests/integration/test_producer_*.py` and `tests/benchmarks/bench_bulk.py`.
+Everything is keyed by a unique name so tests never see each other's records or keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BOOTSTRAP = os.environ.get("QBATCH_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+REDIS_URL = os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:10]}"
+
+
+def create_topic(name: str, partitions: int = 8, bootstrap: str = BOOTSTRAP) -> str:
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","))
+    try:
+        with contextlib.suppress(TopicAlreadyExistsError):
+            admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        admin.close()
+    return name
+
+
+def delete_topics(names: Sequence[str], bootstrap: str = BOOTSTRAP) -> None:
+    from kafka.admin import KafkaAdminClient
+
+    with contextlib.suppress(Exception):
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","))
+        try:
+            admin.delete_topics(list(names))
+        finally:
+            admin.close()
+
+
+@dataclass
+class Lane:
+    """A private lane: topic, DLQ topic, consumer group and Redis prefix."""
+
+    topic: str
+    dlq_topic: str
+    group: str
+    prefix: str
+    bootstrap: str = BOOTSTRAP
+    redis_url: str = REDIS_URL
+
+    @classmethod
+    def new(cls, name: str = "qbp") -> Lane:
+        base = unique(name)
+        return cls(
+            topic=f"{base}.requests",
+            dlq_topic=f"{base}.requests.dlq",
+            group=f"{base}-workers",
+            prefix=base.replace("-", "_"),
+        )
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            QBATCH_KAFKA_BOOTSTRAP=self.bootstrap,
+            QBATCH_REDIS_URL=self.redis_url,
+            QBATCH_TOPIC=self.topic,
+            QBATCH_DLQ_TOPIC=self.dlq_topic,
+            QBATCH_GROUP=self.group,
+            QBATCH_PREFIX=self.prefix,
+            PYTHONPATH=str(REPO),
+        )
+        return env
+
+    def cli_args(self) -> list[str]:
+        return [
+            "--bootstrap", self.bootstrap, "--redis-url", self.redis_url,
+            "--topic", self.topic, "--prefix", self.prefix,
+        ]  # fmt: skip
+
+    def create_topics(self, partitions: int = 8) -> None:
+        create_topic(self.topic, partitions, self.bootstrap)
+        create_topic(self.dlq_topic, 1, self.bootstrap)
+
+    def delete_topics(self) -> None:
+        delete_topics([self.topic, self.dlq_topic], self.bootstrap)
+
+    def clean_redis(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            keys = list(client.scan_iter(match=f"{self.prefix}:*", count=10_000))
+            for start in range(0, len(keys), 5_000):
+                client.delete(*keys[start : start + 5_000])
+        finally:
+            client.close()
+
+
+def start_worker(
+    lane: Lane, *extra: str, log: Path | None = None, metrics_port: int = 0
+) -> subprocess.Popen[bytes]:
+    """An echo-engine worker for `lane` (stop it with `stop_worker`)."""
+    cmd = [
+        sys.executable, "-m", "worker", "--engine", "echo",
+        "--auto-offset-reset", "earliest", "--metrics-port", str(metrics_port), *extra,
+    ]  # fmt: skip
+    sink = log.open("ab") if log is not None else subprocess.DEVNULL
+    return subprocess.Popen(cmd, env=lane.env(), cwd=REPO, stdout=sink, stderr=sink)
+
+
+def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def echo_worker(lane: Lane, *extra: str, log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    proc = start_worker(lane, *extra, log=log)
+    try:
+        time.sleep(0.2)
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited at once with {proc.returncode} (log: {log})")
+        yield proc
+    finally:
+        stop_worker(proc)
+
+
+def qbatch(lane: Lane, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the `qbatch` CLI for `lane` as a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "producer.cli", *lane.cli_args(), *args],
+        env=lane.env(), cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def qbatch_popen(lane: Lane, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "producer.cli", *lane.cli_args(), *args],
+        env=lane.env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip

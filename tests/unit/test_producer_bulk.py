@@ -1,0 +1,278 @@
+"""Pure parts of bulk jobs: formats, line validation, ids, output lines, status maths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from producer.bulk import (
+    STATUS_CODES,
+    Collected,
+    Defaults,
+    InputFormat,
+    JobView,
+    cancelled_result,
+    check_job_id,
+    detect_format,
+    final_status,
+    invalid_result,
+    output_json,
+    output_line,
+    parse_request_id,
+    request_id_for,
+    scan_lines,
+)
+from schemas import (
+    BatchOutputLine,
+    ContractError,
+    ErrorCode,
+    ErrorInfo,
+    JobStatus,
+    ResultEnvelope,
+    Status,
+    valid_id,
+)
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def openai_line(cid: str, body: dict | None = None, url: str = "/v1/chat/completions") -> str:
+    return json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body or CHAT})
+
+
+def native_line(rid: str, **extra: object) -> str:
+    return json.dumps({"request_id": rid, "body": CHAT, **extra})
+
+
+# ---------------------------------------------------------------- ids
+
+
+def test_request_ids_are_deterministic_and_valid() -> None:
+    assert request_id_for("nightly", 7) == "nightly.7"
+    assert request_id_for("nightly", 7, attempt=2) == "nightly.7.r2"
+    assert parse_request_id("nightly", "nightly.7") == (7, 0)
+    assert parse_request_id("nightly", "nightly.7.r2") == (7, 2)
+
+
+@pytest.mark.parametrize(
+    "rid", ["other.7", "nightly.", "nightly.x", "nightly.7.x2", "nightly.7.r", "nightly.7.r2.3"]
+)
+def test_parse_request_id_rejects_foreign_ids(rid: str) -> None:
+    assert parse_request_id("nightly", rid) is None
+
+
+@given(
+    job=st.from_regex(r"[A-Za-z0-9_.:-]{1,96}", fullmatch=True),
+    line=st.integers(1, 10**9),
+    attempt=st.integers(0, 999),
+)
+def test_request_id_roundtrip(job: str, line: int, attempt: int) -> None:
+    rid = request_id_for(job, line, attempt)
+    assert valid_id(rid) == rid
+    assert parse_request_id(job, rid) == (line, attempt)
+
+
+@pytest.mark.parametrize("job", ["", "a b", "x" * 97, "a/b"])
+def test_bad_job_ids(job: str) -> None:
+    with pytest.raises(ContractError) as exc:
+        check_job_id(job)
+    assert exc.value.param == "job_id"
+
+
+# ---------------------------------------------------------------- detection and validation
+
+
+def test_detect_format_first_non_blank_line_decides() -> None:
+    assert detect_format(["", "  ", openai_line("a")]) is InputFormat.openai
+    assert detect_format(["\n", native_line("r1")]) is InputFormat.native
+    assert detect_format(["", ""]) is None
+
+
+def test_openai_file_scans_to_envelopes() -> None:
+    scan = scan_lines([openai_line("a"), "", openai_line("b", {"prompt": "x"}, "/v1/completions")], "j")
+    assert scan.format is InputFormat.openai
+    assert scan.total == 2
+    first, second = scan.lines
+    assert (first.line, first.request_id, first.custom_id) == (1, "j.1", "a")
+    assert second.line == 3 and second.request_id == "j.3"
+    assert first.envelope is not None and first.envelope.job_id == "j"
+    assert second.envelope is not None and second.envelope.endpoint == "/v1/completions"
+    assert not scan.bad
+
+
+def test_native_lines_get_derived_ids_and_keep_options() -> None:
+    scan = scan_lines([native_line("mine-1", priority=-3, metadata={"k": 1})], "job")
+    (line,) = scan.lines
+    assert line.envelope is not None
+    assert line.envelope.request_id == "job.1"
+    assert line.envelope.custom_id == "mine-1"
+    assert line.envelope.priority == -3
+    assert line.envelope.metadata == {"k": 1}
+
+
+def test_native_line_of_another_job_is_an_error() -> None:
+    (line,) = scan_lines([native_line("r", job_id="other")], "job").lines
+    assert line.error is not None and line.error.param == "job_id"
+
+
+def test_every_bad_line_is_reported_with_its_reason() -> None:
+    texts = [
+        openai_line("ok"),
+        "{not json",
+        "[1, 2]",
+        openai_line("bad-role", {"messages": [{"role": "robot", "content": "x"}]}),
+        json.dumps({"custom_id": "u", "method": "POST", "url": "/v1/embeddings", "body": CHAT}),
+        openai_line("ok"),  # duplicate custom_id
+        openai_line("typo", {"messages": CHAT["messages"], "max_tokenz": 5}),
+        openai_line("fine"),
+    ]
+    scan = scan_lines(texts, "j")
+    bad = {line.line: line.error for line in scan.bad}
+    assert sorted(bad) == [2, 3, 4, 5, 6, 7]
+    assert all(err is not None for err in bad.values())
+    assert "not JSON" in bad[2].message  # type: ignore[union-attr]
+    assert "JSON object" in bad[3].message  # type: ignore[union-attr]
+    assert bad[4].param is not None and bad[4].param.startswith("body.messages[0]")  # type: ignore[union-attr]
+    assert bad[5].param == "url"  # type: ignore[union-attr]
+    assert "duplicate custom_id 'ok' (first on line 1)" in bad[6].message  # type: ignore[union-attr]
+    assert "max_tokenz" in bad[7].message  # type: ignore[union-attr]
+
+
+def test_mixed_file_names_the_line() -> None:
+    scan = scan_lines([openai_line("a"), native_line("r"), openai_line("b")], "j")
+    assert [line.line for line in scan.mixed] == [2]
+    err = scan.mixed[0].error
+    assert err is not None and "mixed formats" in err.message
+
+
+def test_defaults_apply_only_where_unset() -> None:
+    defaults = Defaults(priority=5, result_ttl_s=60)
+    scan = scan_lines([openai_line("a"), native_line("r", priority=1)], "j", defaults=defaults)
+    envs = [line.envelope for line in scan.lines]
+    assert envs[0] is not None and envs[0].priority == 5 and envs[0].result_ttl_s == 60
+    # native files are their own format; a second scan keeps each line's own priority
+    scan2 = scan_lines([native_line("r", priority=1)], "j", defaults=defaults)
+    assert scan2.lines[0].envelope is not None and scan2.lines[0].envelope.priority == 1
+
+
+def test_attempt_changes_ids_only() -> None:
+    (line,) = scan_lines([openai_line("a")], "j", attempt=3).lines
+    assert line.request_id == "j.1.r3" and line.custom_id == "a"
+
+
+# ---------------------------------------------------------------- output lines
+
+
+def chat_result(status: Status = Status.succeeded, code: ErrorCode | None = None) -> ResultEnvelope:
+    response = None
+    if status is Status.succeeded:
+        response = {
+            "id": "x", "created": 1, "model": "m",
+            "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }  # fmt: skip
+    return ResultEnvelope.model_validate(
+        {
+            "request_id": "j.1", "job_id": "j", "custom_id": "a", "status": status,
+            "response": response,
+            "error": {"code": code, "message": f"{code}: boom"} if code else None,
+        }  # fmt: skip
+    )
+
+
+def test_success_output_line() -> None:
+    line = output_line(chat_result())
+    assert line.id == "batch_req_j.1" and line.custom_id == "a" and line.error is None
+    assert line.response is not None and line.response.status_code == 200
+    assert line.response.body is not None and line.response.body["object"] == "chat.completion"
+    # and it round-trips through the schema
+    assert BatchOutputLine.model_validate_json(output_json(chat_result())) == line
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "http"),
+    [
+        (Status.failed, ErrorCode.invalid_request, 400),
+        (Status.failed, ErrorCode.unknown_model, 400),
+        (Status.failed, ErrorCode.context_length_exceeded, 400),
+        (Status.expired, ErrorCode.deadline_exceeded, 408),
+        (Status.cancelled, ErrorCode.cancelled, 499),
+        (Status.failed, ErrorCode.engine_error, 500),
+        (Status.failed, ErrorCode.internal_error, 500),
+    ],
+)
+def test_error_output_lines(status: Status, code: ErrorCode, http: int) -> None:
+    line = output_line(chat_result(status, code))
+    assert line.response is not None and line.response.status_code == http
+    assert line.error is not None and line.error.code == code.value
+    assert line.response.body == {
+        "error": {"message": f"{code}: boom", "type": code.value, "param": None, "code": code.value}
+    }
+    assert STATUS_CODES[code] == http
+
+
+def test_local_results_for_unsent_lines() -> None:
+    scan = scan_lines(["{oops", openai_line("c")], "j")
+    bad, good = scan.lines
+    failed = invalid_result(bad, "j", 1000)
+    assert failed.status is Status.failed and failed.error is not None
+    assert failed.error.code is ErrorCode.invalid_request
+    assert failed.error.message.startswith("line 1: (line): not JSON")
+    cancelled = cancelled_result(good, "j", 1000)
+    assert cancelled.status is Status.cancelled and cancelled.custom_id == "c"
+    assert output_line(cancelled).response.status_code == 499  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------- status maths
+
+
+def view(**fields: object) -> JobView:
+    h = {"status": "running", "total": 100, "created_at": 1_000_000}
+    h.update(fields)
+    return JobView.from_hash("j", {k: str(v).encode() for k, v in h.items()}, 1_010_000)
+
+
+def test_progress_never_shows_100_while_results_are_missing() -> None:
+    assert view(succeeded=99).progress_pct == 99.0
+    v = JobView.from_hash("j", {"status": "running", "total": "10000", "succeeded": "9999"}, 0)
+    assert v.progress_pct == 99.9
+    assert view(succeeded=60, failed=40).progress_pct == 100.0
+
+
+def test_rate_and_eta() -> None:
+    v = view(succeeded=50)
+    assert v.elapsed_s == 10.0
+    assert v.rate == 5.0
+    assert v.eta_s == 10.0
+    assert view().rate is None and view().eta_s is None
+
+
+def test_finished_rate_uses_last_result_time() -> None:
+    v = view(succeeded=100, status="completed", updated_at=1_004_000)
+    assert v.elapsed_s == 4.0 and v.rate == 25.0 and v.eta_s == 0.0
+
+
+def test_all_failed_is_not_reported_as_plain_completed() -> None:
+    v = view(failed=100, status="completed_with_errors")
+    assert not v.all_succeeded
+    assert v.label.startswith("completed_with_errors (0 succeeded, 100 failed")
+    assert final_status(view(failed=100)) is JobStatus.completed_with_errors
+    assert final_status(view(succeeded=100)) is JobStatus.completed
+    assert final_status(view(succeeded=50, cancelled=50, status="cancelling")) is JobStatus.cancelled
+    assert final_status(view(succeeded=99)) is None
+    assert final_status(view(succeeded=100, status="submitting")) is None
+
+
+def test_collected_keeps_newest_attempt() -> None:
+    c = Collected("j")
+    assert c.offer("j.1", "failed") == (1, 0)
+    assert c.offer("j.1", "failed") is None
+    assert c.offer("j.1.r1", "succeeded") == (1, 1)
+    assert c.offer("j.1", "failed") is None
+    assert c.offer("other.1", "succeeded") is None
+    assert len(c) == 1 and c.counts()["succeeded"] == 1
+    info = ErrorInfo(code=ErrorCode.cancelled, message="x")
+    assert info.code == "cancelled"

@@ -1,0 +1,188 @@
+"""The transformers engine on a tiny RANDOM-weight Qwen3 (CPU). Output text is noise."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.request import RequestEnvelope
+from worker.engines.base import EngineOutput, EngineRequest, SamplingSpec
+from worker.rendering import PromptRenderer, load_generation_defaults
+
+pytestmark = [
+    pytest.mark.cpu_model,
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch") is None,
+        reason="torch is not installed (pip install -e '.[cpu]')",
+    ),
+]
+
+
+class Collector:
+    def __init__(self, expected: int) -> None:
+        self.outputs: dict[str, EngineOutput] = {}
+        self.calls = 0
+        self.expected = expected
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+
+    def __call__(self, output: EngineOutput) -> None:
+        with self.lock:
+            self.calls += 1
+            self.outputs[output.key] = output
+            if self.calls >= self.expected:
+                self.done.set()
+
+    def wait(self, timeout: float = 120) -> dict[str, EngineOutput]:
+        assert self.done.wait(timeout), f"only {self.calls}/{self.expected} outputs arrived"
+        return self.outputs
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_qwen3_dir: Path) -> Iterator[Any]:
+    from worker.engines.transformers_engine import TransformersEngine
+
+    eng = TransformersEngine(str(tiny_qwen3_dir), served_name="tiny-qwen3")
+    eng.start()
+    yield eng
+    eng.close()
+
+
+def run(engine: Any, requests: list[EngineRequest]) -> dict[str, EngineOutput]:
+    collector = Collector(len(requests))
+    engine.submit(requests, collector)
+    outputs = collector.wait()
+    assert collector.calls == len(requests)  # exactly one on_done each
+    return outputs
+
+
+def greedy(key: str, prompt: str, max_tokens: int, **kw: Any) -> EngineRequest:
+    return EngineRequest(key=key, prompt=prompt, prompt_token_ids=None,
+                         sampling=SamplingSpec(max_tokens=max_tokens, temperature=0.0, **kw))
+
+
+def test_tiny_model_build_is_idempotent(tiny_qwen3_dir: Path) -> None:
+    from worker.tiny_model import build_tiny_qwen3, is_complete
+
+    assert is_complete(tiny_qwen3_dir)
+    stamp = (tiny_qwen3_dir / "model.safetensors").stat().st_mtime_ns
+    assert build_tiny_qwen3(tiny_qwen3_dir) == tiny_qwen3_dir
+    assert (tiny_qwen3_dir / "model.safetensors").stat().st_mtime_ns == stamp
+    assert "RANDOM" in (tiny_qwen3_dir / "README.md").read_text()
+    assert load_generation_defaults(tiny_qwen3_dir)["top_k"] == 20
+
+
+def test_engine_properties(engine: Any) -> None:
+    assert engine.name == "transformers" and engine.mode == "static"
+    assert engine.model_name == "tiny-qwen3"
+    assert engine.max_model_len == 2048
+    assert engine.tokenizer.padding_side == "left"
+    assert "<think>" in engine.tokenizer.chat_template
+
+
+def test_batch_of_chat_requests_with_different_max_tokens(engine: Any) -> None:
+    renderer = PromptRenderer(engine.tokenizer, max_model_len=engine.max_model_len,
+                              served_names={engine.model_name})
+    limits = {"a": 1, "b": 5, "c": 17}
+    requests = []
+    for i, (key, limit) in enumerate(limits.items()):
+        env = RequestEnvelope.model_validate(
+            {"request_id": key,
+             "body": {"messages": [{"role": "user", "content": "Hello " * (i * 5 + 1)}],
+                      "max_tokens": limit, "temperature": 0.0,
+                      "chat_template_kwargs": {"enable_thinking": False}}}
+        )
+        requests.append(renderer.render(env).engine_request(key))
+    outputs = run(engine, requests)
+    assert set(outputs) == set(limits)
+    for key, limit in limits.items():
+        o = outputs[key]
+        assert o.finish in {"stop", "length"}, o.error
+        assert 1 <= o.completion_tokens <= limit
+        assert o.prompt_tokens == len(requests[list(limits).index(key)].prompt_token_ids or [])
+        if o.finish == "length":
+            assert o.completion_tokens == limit
+        assert "<|im_end|>" not in o.text and "<|endoftext|>" not in o.text
+    # a random model practically never emits EOS within one token
+    assert outputs["a"].finish == "length"
+
+
+def test_left_padding_does_not_change_greedy_output(engine: Any) -> None:
+    alone = run(engine, [greedy("x", "The quick brown fox", 8)])["x"]
+    batched = run(engine, [
+        greedy("long", "A far longer prompt so that the other row gets plenty of left padding", 3),
+        greedy("x", "The quick brown fox", 8),
+    ])["x"]
+    assert batched.text == alone.text
+    assert batched.completion_tokens == alone.completion_tokens == 8
+
+
+def test_seeded_sampling_is_reproducible(engine: Any) -> None:
+    def sampled() -> str:
+        req = EngineRequest(key="s", prompt="Once", prompt_token_ids=None,
+                            sampling=SamplingSpec(max_tokens=10, temperature=1.0, seed=42))
+        return run(engine, [req])["s"].text
+
+    assert sampled() == sampled()
+
+
+def test_stop_string_cuts_text(engine: Any) -> None:
+    base = run(engine, [greedy("b", "The quick brown fox", 12)])["b"]
+    tokens = engine.tokenizer.encode(base.text, add_special_tokens=False)
+    stop = engine.tokenizer.decode(tokens[4:6])
+    assert stop.strip(), "need a visible stop string"
+    cut = run(engine, [greedy("b", "The quick brown fox", 12, stop=(stop,))])["b"]
+    assert cut.finish == "stop"
+    assert cut.text == base.text[: base.text.find(stop)]
+    assert cut.completion_tokens <= 6
+
+
+def test_too_long_request_errors_alone(engine: Any) -> None:
+    outputs = run(engine, [greedy("ok", "Hi", 2), greedy("big", "Hi", engine.max_model_len)])
+    assert outputs["ok"].finish == "length"
+    assert outputs["big"].finish == "error" and "max_model_len" in (outputs["big"].error or "")
+
+
+def test_generate_error_fails_the_batch_and_engine_survives(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("simulated OOM")
+
+    monkeypatch.setattr(engine._model, "generate", boom)
+    outputs = run(engine, [greedy("e1", "Hi", 3), greedy("e2", "Yo", 4),
+                           EngineRequest(key="e3", prompt="Hey", prompt_token_ids=None,
+                                         sampling=SamplingSpec(max_tokens=2, temperature=0.8))])
+    assert {k: o.finish for k, o in outputs.items()} == {"e1": "error", "e2": "error",
+                                                         "e3": "error"}
+    assert all("simulated OOM" in (o.error or "") for o in outputs.values())
+    monkeypatch.undo()
+    after = run(engine, [greedy("ok", "Hi", 2)])["ok"]
+    assert after.finish == "length" and after.completion_tokens == 2
+
+
+def test_on_done_exception_does_not_kill_the_thread(engine: Any) -> None:
+    def bad(_: EngineOutput) -> None:
+        raise ValueError("callback bug")
+
+    engine.submit([greedy("z", "Hi", 1)], bad)
+    assert run(engine, [greedy("ok", "Hi", 1)])["ok"].finish == "length"
+
+
+def test_submit_after_close_answers_every_request(tiny_qwen3_dir: Path) -> None:
+    from worker.engines.transformers_engine import TransformersEngine
+
+    eng = TransformersEngine(str(tiny_qwen3_dir))
+    pending = Collector(1)
+    eng.submit([greedy("n", "Hi", 1)], pending)  # not started
+    assert pending.wait()["n"].finish == "error"
+    eng.start()
+    eng.close()
+    closed = Collector(2)
+    eng.submit([greedy("c1", "Hi", 1), greedy("c2", "Hi", 1)], closed)
+    assert {o.finish for o in closed.wait().values()} == {"error"}

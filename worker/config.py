@@ -1,0 +1,136 @@
+"""Worker settings: `QBATCH_*` environment variables, overridden by flags.
+
+Connection settings are inherited from `schemas.settings.ConnectionSettings`
+so the producer and the worker read the same names. Engine arguments are
+named as vLLM names them, so a vLLM user's existing knowledge carries over.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from schemas.settings import ConnectionSettings
+
+EngineName = Literal["auto", "vllm", "transformers", "echo"]
+EngineMode = Literal["continuous", "static"]
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class WorkerSettings(ConnectionSettings):
+    model_config = SettingsConfigDict(env_prefix="QBATCH_", extra="ignore", frozen=True)
+
+    # --- engine choice
+    engine: EngineName = Field(
+        "auto",
+        description="vllm (GPU), transformers (CPU), echo (deterministic test engine that "
+        "answers at once with the prompt), auto = vllm when it imports and a GPU is "
+        "present, else transformers.",
+    )
+    engine_mode: EngineMode = Field(
+        "continuous",
+        description="continuous: micro-batches feed vLLM's async engine, which batches at "
+        "the token level across them. static: one blocking generate per micro-batch "
+        "(the baseline).",
+    )
+    model: str | None = Field(
+        None, description="Model path or hub id. Required for vllm and transformers."
+    )
+    served_model_name: str | None = Field(
+        None, description="Name results report; defaults to the model's basename."
+    )
+    model_aliases: list[str] = Field(
+        default_factory=list,
+        description="Other names a request's body.model may use for the served model.",
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer path if not the model's.")
+
+    # --- vLLM engine arguments (passed through as vLLM names them)
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=16)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool | None = None
+    block_size: int | None = Field(None, ge=1)
+    dtype: str = "auto"
+    quantization: str | None = Field(None, description="e.g. awq, gptq, fp8")
+    kv_cache_dtype: str = Field("auto", description="auto, fp8, fp8_e4m3, fp8_e5m2")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Unset: the vLLM LLM class's default for the GPU."
+    )
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    load_format: str = Field("auto", description="auto, safetensors, dummy (random weights)")
+    enforce_eager: bool = False
+    seed: int = 0
+    trust_remote_code: bool = False
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further vLLM engine arguments as JSON, e.g. '{\"swap_space\": 8}'.",
+    )
+
+    # --- batching and flow control
+    batch_max_size: int = Field(64, ge=1, description="Dispatch when this many are gathered.")
+    batch_max_wait_ms: float = Field(
+        50.0, ge=0, description="...or when the batch's first request has waited this long."
+    )
+    max_inflight: int = Field(
+        1024,
+        ge=1,
+        description="Records taken from Kafka but not yet answered in Redis; past it the "
+        "worker pauses its partitions (and keeps polling).",
+    )
+    resume_ratio: float = Field(
+        0.75, gt=0, le=1, description="Resume fetching below max_inflight * resume_ratio."
+    )
+    default_max_tokens: int | None = Field(
+        None, ge=1, description="max_tokens when a request gives none (else up to the context)."
+    )
+    drain_timeout_s: float = Field(60.0, ge=0)
+    commit_interval_ms: float = Field(200.0, ge=0)
+    poll_max_records: int = Field(2000, ge=1)
+    write_batch_max: int = Field(512, ge=1, description="Results per Redis pipeline.")
+
+    # --- Kafka consumer
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    session_timeout_ms: int = 45_000
+    max_poll_interval_ms: int = 300_000
+
+    # --- service
+    worker_id: str = Field(default_factory=_default_worker_id)
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = Field(9400, ge=0, le=65535, description="0 disables the HTTP server.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+    echo_delay_ms: float = Field(0.0, ge=0, description="echo engine: delay per answer.")
+    dead_letter: bool = Field(True, description="Send bad records to the DLQ topic.")
+
+    @model_validator(mode="after")
+    def _needs_model(self) -> WorkerSettings:
+        if self.engine in ("vllm", "transformers") and not self.model:
+            raise ValueError(f"--model (QBATCH_MODEL) is required for engine {self.engine}")
+        return self
+
+    @property
+    def resume_below(self) -> int:
+        return max(1, int(self.max_inflight * self.resume_ratio))
+
+    def served_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model:
+            return self.model.rstrip("/").rsplit("/", 1)[-1]
+        return "echo"
+
+    def served_names(self) -> frozenset[str]:
+        names = {self.served_name(), *self.model_aliases}
+        if self.model:
+            names.add(self.model)
+        return frozenset(names)

@@ -1,0 +1,426 @@
+"""A CPU (or single-GPU) engine on plain transformers `generate`: static micro-batches.
+
+One background thread takes submitted micro-batches off a queue, in order, and runs each as
+batched `model.generate` calls with left padding. Within a micro-batch, requests are grouped by
+their sampling settings (greedy, or temperature/top_p/top_k, seed, penalties, ignore_eos): one
+`generate` call per group, so every request runs under exactly its own settings. Each group
+generates up to its largest `max_tokens`; a stopping criterion retires every row at its own
+`max_tokens`, and rows are cut at their first EOS and their first stop string afterwards.
+
+Sampling notes:
+
+* `temperature == 0` is greedy; otherwise multinomial sampling with temperature/top_p/top_k
+  (unset: 1.0 / 1.0 / off). The model's generation_config defaults are NOT applied here:
+  `worker.rendering` already applied them to the `SamplingSpec` (like vLLM's
+  `generation_config="auto"`).
+* `seed`: `torch.manual_seed(seed)` before the group's `generate`. Only the group's own
+  requests share that stream, so a seeded request is reproducible given the same batch-mates.
+* presence/frequency penalties: OpenAI semantics over the generated tokens.
+* `json_schema`/`json_object` are NOT enforced (no guided decoding in transformers); the
+  request runs unconstrained. Use vLLM for structured outputs.
+
+Output text is decoded with `skip_special_tokens=False` so `<tool_call>`/`<think>` survive; the
+EOS token itself is not part of the text but counts as a completion token (as in vLLM).
+
+torch and the model classes are imported lazily, so importing this module needs no torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from worker.engines.base import (
+    Engine,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    OnDone,
+    SamplingSpec,
+)
+
+__all__ = ["TransformersEngine"]
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+_GroupKey = tuple[Any, ...]
+
+
+def _group_key(spec: SamplingSpec) -> _GroupKey:
+    greedy = spec.temperature is not None and spec.temperature <= 0.0
+    if greedy:
+        sampling: tuple[Any, ...] = ("greedy",)
+    else:
+        top_k = spec.top_k if spec.top_k is not None and spec.top_k > 0 else 0
+        sampling = ("sample", spec.temperature or 1.0, spec.top_p or 1.0, top_k, spec.seed)
+    return (
+        *sampling,
+        spec.presence_penalty or 0.0,
+        spec.frequency_penalty or 0.0,
+        spec.ignore_eos,
+    )
+
+
+class TransformersEngine(Engine):
+    name = "transformers"
+    mode = "static"
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        max_model_len: int | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        served_name: str | None = None,
+    ) -> None:
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        self.model_path = model_path
+        self.dtype = dtype
+        self.device = device
+        self._served_name = served_name or Path(model_path).name
+        self._tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self._tokenizer.padding_side = "left"
+        config = AutoConfig.from_pretrained(model_path)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        native = getattr(text_config, "max_position_embeddings", None)
+        self._max_model_len = int(max_model_len or native or 2048)
+
+        eos: set[int] = set()
+        try:
+            gen = GenerationConfig.from_pretrained(model_path)
+            eos.update(_as_ids(gen.eos_token_id))
+        except OSError:
+            pass
+        eos.update(_as_ids(getattr(text_config, "eos_token_id", None)))
+        eos.update(_as_ids(self._tokenizer.eos_token_id))
+        self._eos_ids = sorted(eos)
+        pad = self._tokenizer.pad_token_id
+        self._pad_id = int(pad if pad is not None else (self._eos_ids[0] if self._eos_ids else 0))
+
+        self._model: Any = None
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._running = 0
+
+    # ------------------------------------------------------------------ Engine API
+
+    @property
+    def model_name(self) -> str:
+        return self._served_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            import torch
+            from transformers import AutoModelForCausalLM, GenerationConfig
+
+            model = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=getattr(torch, self.dtype)
+            )
+            model.to(self.device)
+            model.eval()
+            # Neutral generation defaults: the SamplingSpec already carries the model's defaults.
+            model.generation_config = GenerationConfig(
+                eos_token_id=self._eos_ids or None,
+                pad_token_id=self._pad_id,
+                bos_token_id=getattr(model.generation_config, "bos_token_id", None),
+            )
+            self._model = model
+            self._thread = threading.Thread(
+                target=self._loop, name="transformers-engine", daemon=True
+            )
+            self._thread.start()
+
+    def submit(self, batch: Sequence[EngineRequest], on_done: OnDone) -> None:
+        batch = list(batch)
+        if not batch:
+            return
+        with self._lock:
+            refused = "engine is closed" if self._closed else None
+            if refused is None and self._thread is None:
+                refused = "engine is not started"
+            if refused is None:
+                self._waiting += len(batch)
+                self._queue.put((batch, on_done))
+                return
+        for request in batch:
+            _deliver(on_done, _error(request, refused, prompt_tokens=0))
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=self._running, waiting=self._waiting)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(_STOP)
+            thread.join(timeout=60)
+        # Anything still queued is answered, so every request gets exactly one on_done.
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                continue
+            batch, on_done = item
+            for request in batch:
+                _deliver(on_done, _abort(request))
+
+    # ------------------------------------------------------------------ worker thread
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            batch, on_done = item
+            with self._lock:
+                self._waiting -= len(batch)
+                self._running = len(batch)
+            delivered: set[str] = set()
+
+            def once(output: EngineOutput, _on_done: OnDone = on_done) -> None:
+                delivered.add(output.key)
+                _on_done(output)
+
+            try:
+                self._run_batch(batch, once)
+            except BaseException as exc:  # never let the thread die
+                log.exception("transformers engine: batch failed")
+                for request in batch:
+                    if request.key not in delivered:
+                        _deliver(on_done, _error(request, f"{type(exc).__name__}: {exc}"))
+            finally:
+                with self._lock:
+                    self._running = 0
+
+    def _run_batch(self, batch: list[EngineRequest], on_done: OnDone) -> None:
+        groups: dict[_GroupKey, list[tuple[EngineRequest, list[int]]]] = {}
+        for request in batch:
+            try:
+                ids = self._prompt_ids(request)
+            except Exception as exc:
+                _deliver(on_done, _error(request, f"{type(exc).__name__}: {exc}"))
+                continue
+            problem = self._admission_problem(request, ids)
+            if problem is not None:
+                _deliver(on_done, _error(request, problem, prompt_tokens=len(ids)))
+                continue
+            groups.setdefault(_group_key(request.sampling), []).append((request, ids))
+        for key, members in groups.items():
+            try:
+                outputs = self._generate(key, members)
+            except Exception as exc:
+                log.exception("transformers engine: generate failed for %d requests", len(members))
+                message = f"{type(exc).__name__}: {exc}"
+                outputs = [_error(req, message, prompt_tokens=len(ids)) for req, ids in members]
+            for output in outputs:
+                _deliver(on_done, output)
+
+    def _prompt_ids(self, request: EngineRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        return list(self._tokenizer.encode(request.prompt, add_special_tokens=False))
+
+    def _admission_problem(self, request: EngineRequest, ids: list[int]) -> str | None:
+        if not ids:
+            return "empty prompt"
+        if request.sampling.max_tokens < 1:
+            return "max_tokens must be at least 1"
+        total = len(ids) + request.sampling.max_tokens
+        if total > self._max_model_len:
+            return (
+                f"prompt ({len(ids)} tokens) + max_tokens ({request.sampling.max_tokens}) = "
+                f"{total} > max_model_len {self._max_model_len}"
+            )
+        return None
+
+    def _generate(
+        self, key: _GroupKey, members: list[tuple[EngineRequest, list[int]]]
+    ) -> list[EngineOutput]:
+        import torch
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        spec = members[0][0].sampling
+        width = max(len(ids) for _, ids in members)
+        input_ids = torch.full((len(members), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(members), width), dtype=torch.long)
+        for row, (_, ids) in enumerate(members):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[row, width - len(ids) :] = 1
+        limits = [req.sampling.max_tokens for req, _ in members]
+        greedy = key[0] == "greedy"
+        config = GenerationConfig(
+            max_new_tokens=max(limits),
+            do_sample=not greedy,
+            pad_token_id=self._pad_id,
+            eos_token_id=None if spec.ignore_eos else (self._eos_ids or None),
+        )
+        if not greedy:
+            _, temperature, top_p, top_k, seed = key[:5]
+            config.temperature = float(temperature)
+            config.top_p = float(top_p)
+            config.top_k = int(top_k)
+            if seed is not None:
+                torch.manual_seed(int(seed))
+        processors = LogitsProcessorList()
+        presence, frequency = spec.presence_penalty or 0.0, spec.frequency_penalty or 0.0
+        if presence or frequency:
+            processors.append(_OpenAIPenalties(width, presence, frequency))
+        criteria = StoppingCriteriaList([_PerRowMaxTokens(width, limits)])
+        with torch.inference_mode():
+            out = self._model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                generation_config=config,
+                logits_processor=processors,
+                stopping_criteria=criteria,
+            )
+        generated = out[:, width:].tolist()
+        return [
+            self._finish(req, ids, generated[row])
+            for row, (req, ids) in enumerate(members)
+        ]
+
+    def _finish(self, request: EngineRequest, ids: list[int], tokens: list[int]) -> EngineOutput:
+        spec = request.sampling
+        tokens = tokens[: spec.max_tokens]
+        finish = "length" if len(tokens) >= spec.max_tokens else "stop"
+        if not spec.ignore_eos:
+            eos = set(self._eos_ids)
+            cut = next((i for i, t in enumerate(tokens) if t in eos), None)
+            if cut is not None:
+                text = self._decode(tokens[:cut])
+                tokens, finish = tokens[: cut + 1], "stop"
+                return self._with_stops(request, ids, tokens, text, finish, eos_cut=True)
+        return self._with_stops(request, ids, tokens, self._decode(tokens), finish, eos_cut=False)
+
+    def _with_stops(
+        self,
+        request: EngineRequest,
+        ids: list[int],
+        tokens: list[int],
+        text: str,
+        finish: str,
+        *,
+        eos_cut: bool,
+    ) -> EngineOutput:
+        hits = [(text.find(s), s) for s in request.sampling.stop if s and s in text]
+        completion = len(tokens)
+        if hits:
+            at, stop = min(hits)
+            text = text[:at]
+            finish = "stop"
+            body = tokens[:-1] if eos_cut else tokens
+            completion = self._tokens_until(body, stop)
+        return EngineOutput(
+            key=request.key,
+            text=text,
+            prompt_tokens=len(ids),
+            completion_tokens=completion,
+            finish="length" if finish == "length" else "stop",
+        )
+
+    def _decode(self, tokens: list[int]) -> str:
+        return str(self._tokenizer.decode(tokens, skip_special_tokens=False))
+
+    def _tokens_until(self, tokens: list[int], stop: str) -> int:
+        """The fewest leading tokens whose text contains `stop` (what vLLM would have run)."""
+        lo, hi = 1, len(tokens)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if stop in self._decode(tokens[:mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return hi
+
+
+class _PerRowMaxTokens:
+    """Retires each row at its own max_tokens, so the batch stops when every row is done."""
+
+    def __init__(self, prompt_width: int, limits: list[int]) -> None:
+        import torch
+
+        self.prompt_width = prompt_width
+        self.limits = torch.tensor(limits, dtype=torch.long)
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        generated = input_ids.shape[1] - self.prompt_width
+        return (generated >= self.limits).to(input_ids.device)
+
+
+class _OpenAIPenalties:
+    """OpenAI presence/frequency penalties over the tokens generated so far."""
+
+    def __init__(self, prompt_width: int, presence: float, frequency: float) -> None:
+        self.prompt_width = prompt_width
+        self.presence = presence
+        self.frequency = frequency
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        generated = input_ids[:, self.prompt_width :]
+        if generated.shape[1] == 0:
+            return scores
+        counts = torch.zeros_like(scores)
+        counts.scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+def _as_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def _error(request: EngineRequest, message: str, *, prompt_tokens: int = 0) -> EngineOutput:
+    return EngineOutput(
+        key=request.key,
+        text="",
+        prompt_tokens=prompt_tokens,
+        completion_tokens=0,
+        finish="error",
+        error=message,
+    )
+
+
+def _abort(request: EngineRequest) -> EngineOutput:
+    return EngineOutput(
+        key=request.key, text="", prompt_tokens=0, completion_tokens=0, finish="abort"
+    )
+
+
+def _deliver(on_done: OnDone, output: EngineOutput) -> None:
+    try:
+        on_done(output)
+    except Exception:
+        log.exception("transformers engine: on_done raised for %s", output.key)

@@ -1,0 +1,69 @@
+"""HTTP endpoints for operators: `/metrics` (Prometheus), `/healthz`, `/readyz`.
+
+Liveness means the main loop is turning (a wedged consumer thread gets the pod
+restarted); readiness means the engine is loaded, partitions are assigned and
+Redis answers, so a rollout waits for a worker that can really take work.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from worker.metrics import REGISTRY
+
+LIVENESS_STALL_S = 60.0
+
+
+def _checks(state: Any) -> tuple[bool, bool, dict[str, Any]]:
+    stalled_for = time.monotonic() - state.last_loop
+    live = stalled_for < LIVENESS_STALL_S
+    ready = live and state.engine_ready and state.redis_ok and not state.stopping
+    detail = {
+        "loop_stalled_s": round(stalled_for, 3),
+        "engine_ready": state.engine_ready,
+        "redis_ok": state.redis_ok,
+        "assigned_partitions": state.assigned,
+        "stopping": state.stopping,
+    }
+    return live, ready, detail
+
+
+def serve(state: Any, host: str, port: int) -> ThreadingHTTPServer:
+    """Start the server on a daemon thread and return it (port 0 picks a free port)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if self.path.startswith("/metrics"):
+                self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+                return
+            live, ready, detail = _checks(state)
+            if self.path.startswith("/healthz"):
+                ok = live
+            elif self.path.startswith("/readyz"):
+                ok = ready
+            else:
+                self._send(404, b"not found\n", "text/plain")
+                return
+            body = json.dumps({"ok": ok, **detail}).encode()
+            self._send(200 if ok else 503, body, "application/json")
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="qbatch-http", daemon=True).start()
+    return server

@@ -1,0 +1,102 @@
+"""Prometheus metrics the worker exports, defined once.
+
+Dashboards and alert rules under `deploy/` refer to these names; a test
+cross-checks them against this registry, so renaming one here breaks that
+test rather than a dashboard in production.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900,
+)
+_BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+REQUESTS = Counter(
+    "qbatch_requests_total",
+    "Requests finished, by status and error code (code is empty on success).",
+    ["status", "code"],
+    registry=REGISTRY,
+)
+RECORDS_CONSUMED = Counter(
+    "qbatch_records_consumed_total", "Kafka records taken off the requests topic.",
+    registry=REGISTRY,
+)
+DEAD_LETTERED = Counter(
+    "qbatch_dead_lettered_total", "Records sent to the dead-letter topic, by error code.",
+    ["code"], registry=REGISTRY,
+)
+DUPLICATES_SKIPPED = Counter(
+    "qbatch_duplicates_skipped_total",
+    "Redelivered requests whose result already existed, not run again.",
+    registry=REGISTRY,
+)
+BATCH_SIZE = Histogram(
+    "qbatch_batch_size", "Requests per dispatched micro-batch.",
+    buckets=_BATCH_SIZE_BUCKETS, registry=REGISTRY,
+)
+BATCH_WAIT = Histogram(
+    "qbatch_batch_wait_seconds", "Time from a micro-batch's first request to its dispatch.",
+    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+)
+QUEUE_LATENCY = Histogram(
+    "qbatch_queue_latency_seconds", "Producer submit to worker dequeue.",
+    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+)
+INFERENCE_LATENCY = Histogram(
+    "qbatch_inference_latency_seconds", "Dispatch to the engine until the output is back.",
+    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+)
+E2E_LATENCY = Histogram(
+    "qbatch_end_to_end_latency_seconds", "Producer submit until the result is in Redis.",
+    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+)
+PROMPT_TOKENS = Counter(
+    "qbatch_prompt_tokens_total", "Prompt tokens of requests run.", registry=REGISTRY
+)
+COMPLETION_TOKENS = Counter(
+    "qbatch_completion_tokens_total", "Tokens generated.", registry=REGISTRY
+)
+TOKENS_PER_SECOND = Gauge(
+    "qbatch_generation_tokens_per_second",
+    "Completion tokens per second over the last metrics interval.",
+    registry=REGISTRY,
+)
+IN_FLIGHT = Gauge(
+    "qbatch_in_flight_requests", "Records taken from Kafka whose result is not yet written.",
+    registry=REGISTRY,
+)
+PENDING_WRITES = Gauge(
+    "qbatch_pending_result_writes", "Finished results waiting to be written to Redis.",
+    registry=REGISTRY,
+)
+CONSUMER_LAG = Gauge(
+    "qbatch_consumer_lag", "Records behind the log end, per assigned partition.",
+    ["partition"], registry=REGISTRY,
+)
+PAUSED = Gauge(
+    "qbatch_partitions_paused", "1 while fetching is paused for backpressure or Redis outage.",
+    registry=REGISTRY,
+)
+KV_CACHE_USAGE = Gauge(
+    "qbatch_engine_kv_cache_usage_ratio", "Fraction of the engine's KV cache in use.",
+    registry=REGISTRY,
+)
+ENGINE_RUNNING = Gauge(
+    "qbatch_engine_running_requests", "Requests the engine is generating for now.",
+    registry=REGISTRY,
+)
+ENGINE_WAITING = Gauge(
+    "qbatch_engine_waiting_requests", "Requests queued inside the engine.", registry=REGISTRY,
+)
+REDIS_UP = Gauge(
+    "qbatch_redis_up", "1 when the last Redis write succeeded, 0 while it is failing.",
+    registry=REGISTRY,
+)
+COMMITS = Counter(
+    "qbatch_offset_commits_total", "Offset commits made to Kafka.", registry=REGISTRY
+)

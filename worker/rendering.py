@@ -1,0 +1,343 @@
+"""Prompt rendering shared by every engine: request envelope -> prompt text, token ids, sampling.
+
+Rendering happens in the service, before any GPU work, so that a request that cannot run
+(unknown model, prompt plus output over the context) is rejected with a `ContractError` naming
+the field at fault instead of failing inside the engine.
+
+Chat requests are rendered with the model's own chat template
+(`tokenizer.apply_chat_template`), exactly as vLLM's OpenAI server would:
+
+* `system` and `developer` messages become `system`; content parts are flattened to text.
+* assistant `tool_calls` become `{"id", "type": "function", "function": {"name", "arguments"}}`
+  with `arguments` parsed from the OpenAI JSON string into a mapping (vLLM does the same).
+  Qwen3's template writes a mapping with `tojson` and a string verbatim; the mapping keeps the
+  format the model was trained on whatever whitespace the client used. Arguments that are not
+  a JSON object are passed on as the original string.
+* `reasoning_content` of assistant messages is passed through (Qwen3's template uses it).
+* `tool_choice`: `"none"` renders without tools; `"auto"`, `"required"` and a named function
+  render with all tools. Rendering alone does NOT force a call: the structural guarantee for
+  `"required"`/named choices needs guided decoding (vLLM structured outputs) in the engine.
+  The parser (`worker.toolcalls`) reports whatever the model actually emitted.
+
+A renderer with `tokenizer=None` (the echo engine) renders cheaply and deterministically: the
+last user message for chat, the prompt for completions, and counts whitespace-split words as
+tokens. It runs at thousands of requests per second, so it avoids any per-call heavy work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import ContractError, ErrorCode
+from schemas.request import (
+    AssistantMessage,
+    ChatCompletionBody,
+    CompletionBody,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    Message,
+    RequestEnvelope,
+    SystemMessage,
+    Tool,
+    ToolMessage,
+    UserMessage,
+    content_text,
+)
+from worker.engines.base import EngineRequest, SamplingSpec
+
+__all__ = [
+    "GENERATION_DEFAULT_KEYS",
+    "PromptRenderer",
+    "RenderedPrompt",
+    "load_generation_defaults",
+    "messages_to_template",
+    "sampling_from_body",
+]
+
+GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty")
+"""generation_config.json keys that become defaults for unset body fields (vLLM `auto`)."""
+
+# Keyword names apply_chat_template owns; a request may not override them.
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+     "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPrompt:
+    """A request ready for an engine."""
+
+    text: str
+    token_ids: list[int] | None
+    """Prompt token ids, or None when there is no tokenizer (echo)."""
+    sampling: SamplingSpec
+    reasoning_enabled: bool
+    """The prompt leaves the model free to open `<think>` (Qwen3 chat, thinking not disabled)."""
+    tools: list[Tool] | None
+    """The tools rendered into the prompt (None when none were, e.g. `tool_choice: "none"`)."""
+    prompt_tokens: int
+    """Length of the prompt in tokens (whitespace-split words without a tokenizer)."""
+
+    def engine_request(self, key: str, priority: int = 0) -> EngineRequest:
+        return EngineRequest(
+            key=key,
+            prompt=self.text,
+            prompt_token_ids=self.token_ids,
+            sampling=self.sampling,
+            priority=priority,
+        )
+
+
+def load_generation_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """The sampling defaults in a model's `generation_config.json` ({} when there is none)."""
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {key: data[key] for key in GENERATION_DEFAULT_KEYS if data.get(key) is not None}
+
+
+def sampling_from_body(
+    body: ChatCompletionBody | CompletionBody,
+    max_tokens: int,
+    generation_defaults: Mapping[str, Any] | None = None,
+) -> SamplingSpec:
+    """Map OpenAI body fields onto a `SamplingSpec`; unset fields fall back to the defaults."""
+    defaults = generation_defaults or {}
+
+    def pick(name: str) -> Any:
+        value = getattr(body, name)
+        return defaults.get(name) if value is None else value
+
+    json_schema: dict[str, Any] | None = None
+    json_object = False
+    fmt = body.response_format
+    if isinstance(fmt, JsonSchemaFormat):
+        json_schema = fmt.json_schema.schema_
+    elif isinstance(fmt, JsonObjectFormat):
+        json_object = True
+    top_k = pick("top_k")
+    return SamplingSpec(
+        max_tokens=max_tokens,
+        temperature=_opt_float(pick("temperature")),
+        top_p=_opt_float(pick("top_p")),
+        top_k=None if top_k is None else int(top_k),
+        seed=body.seed,
+        stop=tuple(body.stop_list()),
+        presence_penalty=_opt_float(pick("presence_penalty")),
+        frequency_penalty=_opt_float(pick("frequency_penalty")),
+        json_schema=json_schema,
+        json_object=json_object,
+    )
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _arguments_for_template(arguments: str) -> Any:
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
+
+
+def messages_to_template(messages: Iterable[Message]) -> list[dict[str, Any]]:
+    """Typed OpenAI messages -> the plain dicts chat templates expect."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if isinstance(message, SystemMessage):
+            out.append({"role": "system", "content": content_text(message.content)})
+        elif isinstance(message, UserMessage):
+            out.append({"role": "user", "content": content_text(message.content)})
+        elif isinstance(message, AssistantMessage):
+            item: dict[str, Any] = {
+                "role": "assistant",
+                "content": content_text(message.content),
+            }
+            if message.reasoning_content is not None:
+                item["reasoning_content"] = message.reasoning_content
+            if message.tool_calls:
+                item["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {
+                            "name": call.function.name,
+                            "arguments": _arguments_for_template(call.function.arguments),
+                        },
+                    }
+                    for call in message.tool_calls
+                ]
+            out.append(item)
+        elif isinstance(message, ToolMessage):
+            out.append(
+                {
+                    "role": "tool",
+                    "content": content_text(message.content),
+                    "tool_call_id": message.tool_call_id,
+                }
+            )
+    return out
+
+
+class PromptRenderer:
+    """Renders envelopes for one served model. Thread-safe; build once, call many times."""
+
+    def __init__(
+        self,
+        tokenizer: Any | None,
+        *,
+        max_model_len: int,
+        served_names: set[str] | frozenset[str],
+        default_max_tokens: int | None = None,
+        generation_defaults: Mapping[str, Any] | None = None,
+    ) -> None:
+        if max_model_len < 1:
+            raise ValueError("max_model_len must be positive")
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.served_names = frozenset(served_names)
+        self.default_max_tokens = default_max_tokens
+        self.generation_defaults = {
+            key: value
+            for key, value in (generation_defaults or {}).items()
+            if key in GENERATION_DEFAULT_KEYS and value is not None
+        }
+        template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+        # Thinking is only "enabled" for templates that know about <think> (Qwen3 and kin).
+        self._template_thinks = isinstance(template, str) and "<think>" in template
+        self._vocab_size = len(tokenizer) if tokenizer is not None else None
+
+    # ------------------------------------------------------------------ public
+
+    def render(self, envelope: RequestEnvelope) -> RenderedPrompt:
+        body = envelope.body
+        if body.model is not None and body.model not in self.served_names:
+            served = ", ".join(sorted(self.served_names)) or "(none)"
+            raise ContractError(
+                f"model {body.model!r} is not served here; served: {served}",
+                param="body.model",
+                code=ErrorCode.unknown_model,
+            )
+        if isinstance(body, ChatCompletionBody):
+            text, token_ids, n_prompt, reasoning, tools = self._render_chat(body)
+            prompt_param = "body.messages"
+            explicit = body.max_completion_tokens or body.max_tokens
+            max_param = (
+                "body.max_completion_tokens" if body.max_completion_tokens else "body.max_tokens"
+            )
+        else:
+            text, token_ids, n_prompt = self._render_completion(body)
+            reasoning, tools = False, None
+            prompt_param = "body.prompt"
+            explicit = body.max_tokens
+            max_param = "body.max_tokens"
+        max_tokens = self._max_tokens(n_prompt, explicit, prompt_param, max_param)
+        return RenderedPrompt(
+            text=text,
+            token_ids=token_ids,
+            sampling=sampling_from_body(body, max_tokens, self.generation_defaults),
+            reasoning_enabled=reasoning,
+            tools=tools,
+            prompt_tokens=n_prompt,
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _max_tokens(
+        self, n_prompt: int, explicit: int | None, prompt_param: str, max_param: str
+    ) -> int:
+        limit = self.max_model_len
+        if n_prompt >= limit:
+            raise ContractError(
+                f"the prompt is {n_prompt} tokens, which leaves no room for output in the "
+                f"model's context of {limit} tokens (max_model_len)",
+                param=prompt_param,
+                code=ErrorCode.context_length_exceeded,
+            )
+        room = limit - n_prompt
+        if explicit is not None:
+            if explicit > room:
+                raise ContractError(
+                    f"the prompt is {n_prompt} tokens and {max_param.rsplit('.', 1)[-1]} is "
+                    f"{explicit}: {n_prompt + explicit} > the model's context of {limit} tokens "
+                    f"(max_model_len); at most {room} output tokens fit",
+                    param=max_param,
+                    code=ErrorCode.context_length_exceeded,
+                )
+            return explicit
+        if self.default_max_tokens is not None:
+            # A server default never rejects a request: it is clamped to what fits (vLLM).
+            return max(1, min(self.default_max_tokens, room))
+        return room
+
+    def _render_chat(
+        self, body: ChatCompletionBody
+    ) -> tuple[str, list[int] | None, int, bool, list[Tool] | None]:
+        kwargs = dict(body.chat_template_kwargs or {})
+        tools = body.tools if body.tools and body.tool_choice != "none" else None
+        thinking = kwargs.get("enable_thinking", True) is not False
+        if self.tokenizer is None:
+            text = _last_user_text(body)
+            return text, None, len(text.split()), False, tools
+        reserved = _RESERVED_TEMPLATE_KWARGS.intersection(kwargs)
+        if reserved:
+            raise ContractError(
+                f"may not set {', '.join(sorted(reserved))}",
+                param="body.chat_template_kwargs",
+            )
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages_to_template(body.messages),
+                tools=[tool.model_dump(exclude_none=True) for tool in tools] if tools else None,
+                add_generation_prompt=True,
+                tokenize=False,
+                **kwargs,
+            )
+        except ContractError:
+            raise
+        except Exception as exc:  # jinja TemplateError, raise_exception(...) in the template
+            raise ContractError(
+                f"the chat template rejected the conversation: {exc}", param="body.messages"
+            ) from None
+        if not isinstance(text, str):  # pragma: no cover - tokenize=False always gives str
+            raise TypeError("apply_chat_template(tokenize=False) did not return text")
+        token_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return text, token_ids, len(token_ids), thinking and self._template_thinks, tools
+
+    def _render_completion(self, body: CompletionBody) -> tuple[str, list[int] | None, int]:
+        prompt = body.prompt
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                return prompt, None, len(prompt.split())
+            ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            return prompt, ids, len(ids)
+        ids = list(prompt)
+        if self.tokenizer is None:
+            return " ".join(map(str, ids)), ids, len(ids)
+        if self._vocab_size is not None:
+            bad = next((i for i in ids if i >= self._vocab_size), None)
+            if bad is not None:
+                raise ContractError(
+                    f"token id {bad} is out of the vocabulary (size {self._vocab_size})",
+                    param="body.prompt",
+                )
+        return self.tokenizer.decode(ids, skip_special_tokens=False), ids, len(ids)
+
+
+def _last_user_text(body: ChatCompletionBody) -> str:
+    for message in reversed(body.messages):
+        if isinstance(message, UserMessage):
+            return content_text(message.content)
+    return content_text(body.messages[-1].content)
