@@ -10,7 +10,7 @@ Job hash `{prefix}:job:{job}` fields written here (the worker owns the counters)
   `retry_line` (progress of `bulk retry`).
 
 Lines the producer never publishes get their result written by the producer itself,
-through the worker's own once-only script (`worker.redis_io.WRITE_RESULT_LUA`), so the
+through the worker's own once-only writer (`worker.redis_io.RedisReplies.write`), so the
 counters, the job stream and the final status move exactly as if a worker had
 answered: invalid lines (`failed`, `invalid_request`) and, after a cancel during
 submission, the unsent lines (`cancelled`).
@@ -43,7 +43,7 @@ from producer.bulk import (
 from producer.client import QBatchClient, now_utc
 from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope, Status
 from schemas.limits import DEFAULT_RESULT_TTL_S
-from worker.redis_io import WRITE_RESULT_LUA
+from worker.redis_io import RedisReplies
 
 DEFAULT_JOB_TTL_S = 7 * 86_400
 DEFAULT_CHUNK = 5_000
@@ -124,12 +124,12 @@ return finalize(KEYS[1])
 )
 
 BEGIN_RETRY_LUA = """
--- KEYS: job ; ARGV: attempt, n_failed, n_expired
+-- KEYS: job ; ARGV: attempt, -n_failed, -n_expired (strings: Lua would write -0)
 local h = redis.call('HMGET', KEYS[1], 'status', 'attempt', 'retry_line')
 if h[1] == 'submitting' and h[2] == ARGV[1] then return {'resume', h[3] or '0'} end
 if h[1] ~= 'completed_with_errors' then return {'busy', h[1] or ''} end
-redis.call('HINCRBY', KEYS[1], 'failed', -tonumber(ARGV[2]))
-redis.call('HINCRBY', KEYS[1], 'expired', -tonumber(ARGV[3]))
+redis.call('HINCRBY', KEYS[1], 'failed', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'expired', ARGV[3])
 redis.call('HSET', KEYS[1], 'status', 'submitting', 'attempt', ARGV[1], 'retry_line', '0')
 return {'started', '0'}
 """
@@ -174,7 +174,7 @@ class JobStore:
         self.redis = redis_client
         self.keys = keys
         self.job_ttl_s = job_ttl_s
-        self._write = redis_client.register_script(WRITE_RESULT_LUA)
+        self._replies = RedisReplies(redis_client, keys)
         self._begin = redis_client.register_script(BEGIN_LUA)
         self._mark = redis_client.register_script(MARK_SUBMITTED_LUA)
         self._cancel = redis_client.register_script(CANCEL_LUA)
@@ -234,36 +234,18 @@ class JobStore:
     def begin_retry(
         self, job_id: str, attempt: int, n_failed: int, n_expired: int
     ) -> tuple[str, str]:
-        reply = self._begin_retry(keys=[self.keys.job(job_id)], args=[attempt, n_failed, n_expired])
+        reply = self._begin_retry(
+            keys=[self.keys.job(job_id)], args=[attempt, str(-n_failed), str(-n_expired)]
+        )
         return _s(reply[0]), _s(reply[1])
 
     def write_results(self, results: Sequence[tuple[ResultEnvelope, int]]) -> int:
-        """Write producer-made results once each (worker's script); returns how many were new."""
-        if not results:
-            return 0
-        pipe = self.redis.pipeline(transaction=False)
-        stamp = now_ms()
-        for result, ttl in results:
-            job = result.job_id or "-"
-            self._write(
-                keys=[
-                    self.keys.result(result.request_id),
-                    self.keys.done(result.request_id),
-                    self.keys.job(job),
-                    self.keys.job_stream(job),
-                ],
-                args=[
-                    result.model_dump_json(exclude_none=True),
-                    ttl,
-                    result.status.value,
-                    result.request_id,
-                    result.custom_id or "",
-                    stamp,
-                    "1" if result.job_id else "0",
-                ],
-                client=pipe,
-            )
-        return sum(1 for flag in pipe.execute() if flag)
+        """Write producer-made results once each (worker's writer); returns how many are new."""
+        written = 0
+        for start in range(0, len(results), 1_000):
+            flags = self._replies.write(list(results[start : start + 1_000]), now_ms())
+            written += sum(1 for flag in flags if flag)
+        return written
 
     def stream(
         self, job_id: str, after: str = "-", count: int = 5_000

@@ -77,9 +77,7 @@ def validate_envelope(data: dict[str, Any], key: bytes | None = None) -> Request
     try:
         return RequestEnvelope.model_validate(data)
     except ValidationError as exc:
-        raise ContractError.from_validation(
-            exc, request_id=recover_request_id(data, key)
-        ) from None
+        raise ContractError.from_validation(exc, request_id=recover_request_id(data, key)) from None
     except RecursionError:
         raise ContractError(
             "nested too deeply", param="(envelope)", request_id=recover_request_id(data, key)

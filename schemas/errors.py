@@ -49,8 +49,23 @@ def loc_to_param(loc: tuple[int | str, ...]) -> str:
 
 
 _UNION_TAGS = frozenset(
-    {"system", "user", "assistant", "tool", "developer", "str", "list[...]", "text", "json_object",
-     "json_schema", "chat", "completion", "int", "ChatCompletionBody", "CompletionBody"}
+    {
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "developer",
+        "str",
+        "list[...]",
+        "text",
+        "json_object",
+        "json_schema",
+        "chat",
+        "completion",
+        "int",
+        "ChatCompletionBody",
+        "CompletionBody",
+    }
 )
 
 
@@ -96,7 +111,8 @@ class ContractError(ValueError):
             parts.append(f"{param or '(envelope)'}: {err['msg']}")
         more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
         return cls(
-            "; ".join(parts) + more, param=params[0] or None if params else None,
+            "; ".join(parts) + more,
+            param=params[0] or None if params else None,
             request_id=request_id,
         )
 

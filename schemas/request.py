@@ -7,7 +7,6 @@ misspelt `max_tokens`, is a bug the caller never sees.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -23,6 +22,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import to_json
 
 from schemas import limits
 
@@ -121,7 +121,7 @@ class FunctionDef(StrictModel):
         """Reject a broken schema at the edge, not when the model calls the tool."""
         if value is None:
             return value
-        if len(json.dumps(value)) > limits.MAX_TOOL_SCHEMA_BYTES:
+        if len(to_json(value)) > limits.MAX_TOOL_SCHEMA_BYTES:
             raise ValueError(f"tool schema over {limits.MAX_TOOL_SCHEMA_BYTES} bytes")
         try:
             Draft202012Validator.check_schema(value)
@@ -182,9 +182,7 @@ class JsonSchemaFormat(StrictModel):
     json_schema: JsonSchemaSpec
 
 
-ResponseFormat = Annotated[
-    TextFormat | JsonObjectFormat | JsonSchemaFormat, Discriminator("type")
-]
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Discriminator("type")]
 
 # ---------------------------------------------------------------- bodies
 
@@ -231,10 +229,15 @@ class ChatCompletionBody(SamplingFields):
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionBody:
+        if not self.tools and self.tool_choice is None and len(self.messages) == 1:
+            return self  # the common case, kept cheap: nothing to cross-check
         names = [tool.function.name for tool in self.tools or ()]
         if len(set(names)) != len(names):
             raise ValueError("tools: function names must be unique")
-        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+        if (
+            isinstance(self.tool_choice, NamedToolChoice)
+            and self.tool_choice.function.name not in names
+        ):
             raise ValueError(
                 f"tool_choice names {self.tool_choice.function.name!r}, which is not in tools"
             )
@@ -247,7 +250,11 @@ class ChatCompletionBody(SamplingFields):
             for call in message.tool_calls or ()
         }
         for index, message in enumerate(self.messages):
-            if isinstance(message, ToolMessage) and call_ids and message.tool_call_id not in call_ids:
+            if (
+                isinstance(message, ToolMessage)
+                and call_ids
+                and message.tool_call_id not in call_ids
+            ):
                 raise ValueError(
                     f"messages[{index}].tool_call_id {message.tool_call_id!r} answers no "
                     "earlier assistant tool call"
@@ -261,7 +268,10 @@ class ChatCompletionBody(SamplingFields):
 class CompletionBody(SamplingFields):
     prompt: (
         Annotated[str, Field(min_length=1, max_length=limits.MAX_TEXT_CHARS)]
-        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=limits.MAX_PROMPT_TOKEN_IDS)]
+        | Annotated[
+            list[Annotated[int, Field(ge=0)]],
+            Field(min_length=1, max_length=limits.MAX_PROMPT_TOKEN_IDS),
+        ]
     )
     echo: bool | None = None
     response_format: ResponseFormat | None = None
@@ -294,17 +304,21 @@ class RequestEnvelope(StrictModel):
     endpoint: Endpoint = CHAT_ENDPOINT
     body: Body
     job_id: RequestId | None = None
-    custom_id: Annotated[str, Field(min_length=1, max_length=limits.MAX_CUSTOM_ID_CHARS)] | None = None
+    custom_id: Annotated[str, Field(min_length=1, max_length=limits.MAX_CUSTOM_ID_CHARS)] | None = (
+        None
+    )
     priority: Annotated[int, Field(gt=-limits.PRIORITY_BOUND, lt=limits.PRIORITY_BOUND)] = 0
     deadline: AwareDatetime | None = None
-    result_ttl_s: Annotated[int, Field(ge=1, le=limits.MAX_RESULT_TTL_S)] = limits.DEFAULT_RESULT_TTL_S
+    result_ttl_s: Annotated[int, Field(ge=1, le=limits.MAX_RESULT_TTL_S)] = (
+        limits.DEFAULT_RESULT_TTL_S
+    )
     metadata: dict[str, Any] | None = None
     submitted_at: AwareDatetime | None = None
 
     @field_validator("metadata")
     @classmethod
     def _small_metadata(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and len(json.dumps(value)) > limits.MAX_METADATA_BYTES:
+        if value is not None and len(to_json(value)) > limits.MAX_METADATA_BYTES:
             raise ValueError(f"metadata over {limits.MAX_METADATA_BYTES} bytes of JSON")
         return value
 

@@ -1,7 +1,12 @@
-"""`python -m worker` is `qbatch-worker`."""
+"""`python -m worker` is `qbatch-worker`.
+
+The guard matters: vLLM may start its engine processes with `spawn`, which
+re-imports the parent's main module.
+"""
 
 import sys
 
 from worker.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,7 +35,7 @@ class WorkerCli(WorkerSettings):
 def load_settings(argv: list[str] | None = None) -> WorkerSettings:
     if argv is None:
         argv = sys.argv[1:]
-    cli = WorkerCli(_cli_parse_args=argv)  # type: ignore[call-arg]
+    cli = WorkerCli(_cli_parse_args=argv)
     return WorkerSettings.model_validate(cli.model_dump())
 
 
@@ -49,15 +49,24 @@ def main(argv: list[str] | None = None) -> int:
     from worker.engines import build_engine
     from worker.kafka_io import DeadLetters, RequestConsumer
     from worker.redis_io import RedisReplies
-    from worker.service import Worker
+    from worker.service import Worker, WorkerState
 
+    state = WorkerState()
+    if settings.metrics_port:
+        # Up before the model loads (minutes on a GPU): liveness answers at once,
+        # readiness says "not yet" until the engine is ready.
+        health.serve(state, settings.metrics_host, settings.metrics_port)
     engine = build_engine(settings)
+    # Start the engine before any Kafka client exists: vLLM forks its engine
+    # processes, and forking after kafka-python's I/O threads start is unsafe.
+    engine.start()
     worker = Worker(
         settings,
         engine,
         RequestConsumer(settings),
         RedisReplies.from_url(settings.redis_url, settings.keys, **settings.redis_kwargs()),
         DeadLetters(settings) if settings.dead_letter else None,
+        state=state,
     )
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
@@ -66,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    if settings.metrics_port:
-        health.serve(worker.state, settings.metrics_host, settings.metrics_port)
     return worker.run()
 
 

@@ -22,7 +22,8 @@ LIVENESS_STALL_S = 60.0
 
 def _checks(state: Any) -> tuple[bool, bool, dict[str, Any]]:
     stalled_for = time.monotonic() - state.last_loop
-    live = stalled_for < LIVENESS_STALL_S
+    # While the model loads the loop has not started; the startup probe bounds that phase.
+    live = not state.engine_ready or stalled_for < LIVENESS_STALL_S
     ready = live and state.engine_ready and state.redis_ok and not state.stopping
     detail = {
         "loop_stalled_s": round(stalled_for, 3),
@@ -38,7 +39,7 @@ def serve(state: Any, host: str, port: int) -> ThreadingHTTPServer:
     """Start the server on a daemon thread and return it (port 0 picks a free port)."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             if self.path.startswith("/metrics"):
                 self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
                 return
@@ -60,7 +61,7 @@ def serve(state: Any, host: str, port: int) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             return
 
     server = ThreadingHTTPServer((host, port), Handler)

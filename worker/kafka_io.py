@@ -29,7 +29,7 @@ from worker.logs import log
 Partitions = Callable[[set[TopicPartition]], None]
 
 
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Listener(ConsumerRebalanceListener):
     def __init__(self, on_revoked: Partitions, on_assigned: Partitions) -> None:
         self._on_revoked = on_revoked
         self._on_assigned = on_assigned
@@ -121,7 +121,7 @@ class RequestConsumer:
     def position(self, tp: TopicPartition) -> int | None:
         try:
             return int(self._consumer.position(tp, timeout_ms=100))
-        except Exception:  # noqa: BLE001 - lag is advisory
+        except Exception:
             return None
 
     def close(self) -> None:
@@ -163,8 +163,13 @@ class DeadLetters:
         except KafkaError as exc:
             # The caller still answers the request in Redis; a missing DLQ topic or a
             # broker hiccup must not stop the worker or block its partition.
-            log.error("dead_letter_failed", topic=self._topic, error=str(exc),
-                      partition=record.partition, offset=record.offset)
+            log.error(
+                "dead_letter_failed",
+                topic=self._topic,
+                error=str(exc),
+                partition=record.partition,
+                offset=record.offset,
+            )
 
     @retry(
         retry=retry_if_exception_type(KafkaError),

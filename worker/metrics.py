@@ -12,7 +12,24 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 _LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    900,
 )
 _BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -23,12 +40,15 @@ REQUESTS = Counter(
     registry=REGISTRY,
 )
 RECORDS_CONSUMED = Counter(
-    "qbatch_records_consumed_total", "Kafka records taken off the requests topic.",
+    "qbatch_records_consumed_total",
+    "Kafka records taken off the requests topic.",
     registry=REGISTRY,
 )
 DEAD_LETTERED = Counter(
-    "qbatch_dead_lettered_total", "Records sent to the dead-letter topic, by error code.",
-    ["code"], registry=REGISTRY,
+    "qbatch_dead_lettered_total",
+    "Records sent to the dead-letter topic, by error code.",
+    ["code"],
+    registry=REGISTRY,
 )
 DUPLICATES_SKIPPED = Counter(
     "qbatch_duplicates_skipped_total",
@@ -36,24 +56,34 @@ DUPLICATES_SKIPPED = Counter(
     registry=REGISTRY,
 )
 BATCH_SIZE = Histogram(
-    "qbatch_batch_size", "Requests per dispatched micro-batch.",
-    buckets=_BATCH_SIZE_BUCKETS, registry=REGISTRY,
+    "qbatch_batch_size",
+    "Requests per dispatched micro-batch.",
+    buckets=_BATCH_SIZE_BUCKETS,
+    registry=REGISTRY,
 )
 BATCH_WAIT = Histogram(
-    "qbatch_batch_wait_seconds", "Time from a micro-batch's first request to its dispatch.",
-    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+    "qbatch_batch_wait_seconds",
+    "Time from a micro-batch's first request to its dispatch.",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
 )
 QUEUE_LATENCY = Histogram(
-    "qbatch_queue_latency_seconds", "Producer submit to worker dequeue.",
-    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+    "qbatch_queue_latency_seconds",
+    "Producer submit to worker dequeue.",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
 )
 INFERENCE_LATENCY = Histogram(
-    "qbatch_inference_latency_seconds", "Dispatch to the engine until the output is back.",
-    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+    "qbatch_inference_latency_seconds",
+    "Dispatch to the engine until the output is back.",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
 )
 E2E_LATENCY = Histogram(
-    "qbatch_end_to_end_latency_seconds", "Producer submit until the result is in Redis.",
-    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+    "qbatch_end_to_end_latency_seconds",
+    "Producer submit until the result is in Redis.",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
 )
 PROMPT_TOKENS = Counter(
     "qbatch_prompt_tokens_total", "Prompt tokens of requests run.", registry=REGISTRY
@@ -67,36 +97,44 @@ TOKENS_PER_SECOND = Gauge(
     registry=REGISTRY,
 )
 IN_FLIGHT = Gauge(
-    "qbatch_in_flight_requests", "Records taken from Kafka whose result is not yet written.",
+    "qbatch_in_flight_requests",
+    "Records taken from Kafka whose result is not yet written.",
     registry=REGISTRY,
 )
 PENDING_WRITES = Gauge(
-    "qbatch_pending_result_writes", "Finished results waiting to be written to Redis.",
+    "qbatch_pending_result_writes",
+    "Finished results waiting to be written to Redis.",
     registry=REGISTRY,
 )
 CONSUMER_LAG = Gauge(
-    "qbatch_consumer_lag", "Records behind the log end, per assigned partition.",
-    ["partition"], registry=REGISTRY,
+    "qbatch_consumer_lag",
+    "Records behind the log end, per assigned partition.",
+    ["partition"],
+    registry=REGISTRY,
 )
 PAUSED = Gauge(
-    "qbatch_partitions_paused", "1 while fetching is paused for backpressure or Redis outage.",
+    "qbatch_partitions_paused",
+    "1 while fetching is paused for backpressure or Redis outage.",
     registry=REGISTRY,
 )
 KV_CACHE_USAGE = Gauge(
-    "qbatch_engine_kv_cache_usage_ratio", "Fraction of the engine's KV cache in use.",
+    "qbatch_engine_kv_cache_usage_ratio",
+    "Fraction of the engine's KV cache in use.",
     registry=REGISTRY,
 )
 ENGINE_RUNNING = Gauge(
-    "qbatch_engine_running_requests", "Requests the engine is generating for now.",
+    "qbatch_engine_running_requests",
+    "Requests the engine is generating for now.",
     registry=REGISTRY,
 )
 ENGINE_WAITING = Gauge(
-    "qbatch_engine_waiting_requests", "Requests queued inside the engine.", registry=REGISTRY,
-)
-REDIS_UP = Gauge(
-    "qbatch_redis_up", "1 when the last Redis write succeeded, 0 while it is failing.",
+    "qbatch_engine_waiting_requests",
+    "Requests queued inside the engine.",
     registry=REGISTRY,
 )
-COMMITS = Counter(
-    "qbatch_offset_commits_total", "Offset commits made to Kafka.", registry=REGISTRY
+REDIS_UP = Gauge(
+    "qbatch_redis_up",
+    "1 when the last Redis write succeeded, 0 while it is failing.",
+    registry=REGISTRY,
 )
+COMMITS = Counter("qbatch_offset_commits_total", "Offset commits made to Kafka.", registry=REGISTRY)

@@ -21,7 +21,13 @@ from worker.engines.base import EngineOutput
 from worker.rendering import RenderedPrompt
 from worker.toolcalls import IdFactory, ParsedOutput, parse_output
 
-__all__ = ["build_chat_completion", "build_completion", "build_response", "finish_reason", "usage_of"]
+__all__ = [
+    "build_chat_completion",
+    "build_completion",
+    "build_response",
+    "finish_reason",
+    "usage_of",
+]
 
 
 def finish_reason(output: EngineOutput, *, has_tool_calls: bool = False) -> FinishReason:

@@ -63,9 +63,23 @@ GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "presence_penalty", 
 
 # Keyword names apply_chat_template owns; a request may not override them.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
-    {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-     "continue_final_message", "tokenize", "padding", "truncation", "max_length",
-     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
 )
 
 

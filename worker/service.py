@@ -20,6 +20,7 @@ group does not evict it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -141,6 +142,7 @@ class Worker:
         dead_letters: DeadLetters | None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        state: WorkerState | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -148,7 +150,7 @@ class Worker:
         self.replies = replies
         self.dead_letters = dead_letters
         self.clock = clock
-        self.state = WorkerState()
+        self.state = state or WorkerState()
         self.tracker: OffsetTracker[TopicPartition] = OffsetTracker()
         self.batcher: MicroBatcher[Inbound] = MicroBatcher(
             max_size=settings.batch_max_size,
@@ -158,9 +160,7 @@ class Worker:
         self.renderer: PromptRenderer | None = None
         self._dispatch_q: queue.Queue[Batch[Inbound] | None] = queue.Queue()
         self._results_q: queue.SimpleQueue[Outcome | Finished | None] = queue.SimpleQueue()
-        self._written_q: queue.SimpleQueue[list[tuple[TopicPartition, int]]] = (
-            queue.SimpleQueue()
-        )
+        self._written_q: queue.SimpleQueue[list[tuple[TopicPartition, int]]] = queue.SimpleQueue()
         self._running: dict[str, Running] = {}
         self._keys = itertools.count()
         self._batch_seq = itertools.count(1)
@@ -384,6 +384,8 @@ class Worker:
         final = self.tracker.revoke(revoked)
         for tp in revoked:
             self._positions.pop(tp, None)
+            with contextlib.suppress(KeyError):
+                metrics.CONSUMER_LAG.remove(str(tp.partition))
         if final:
             self._commit(final)
         self.state.assigned = max(0, len(self.consumer.assignment()) - len(revoked))
@@ -432,7 +434,7 @@ class Worker:
                 return
             try:
                 self._admit_and_submit(batch)
-            except Exception as exc:  # noqa: BLE001 - a bug must not lose requests
+            except Exception as exc:
                 log.exception("dispatch_failed", error=str(exc))
                 for item in batch.items:
                     self._finish_with_error(item, ErrorCode.internal_error, str(exc))
@@ -461,13 +463,17 @@ class Worker:
                 continue
             if env.deadline_passed(now):
                 self._finish_with_error(
-                    item, ErrorCode.deadline_exceeded, "deadline passed before the request started",
+                    item,
+                    ErrorCode.deadline_exceeded,
+                    "deadline passed before the request started",
                     status=Status.expired,
                 )
                 continue
             if env.job_id and env.job_id in admission.cancelled_jobs:
                 self._finish_with_error(
-                    item, ErrorCode.cancelled, f"job {env.job_id} was cancelled",
+                    item,
+                    ErrorCode.cancelled,
+                    f"job {env.job_id} was cancelled",
                     status=Status.cancelled,
                 )
                 continue
@@ -497,7 +503,7 @@ class Worker:
         log.debug("batch_dispatched", batch_id=batch_id, size=len(requests))
         try:
             self.engine.submit(requests, self._on_engine_done)
-        except Exception as exc:  # noqa: BLE001 - engine refused the whole batch
+        except Exception as exc:
             log.exception("engine_submit_failed", batch_id=batch_id)
             for request in requests:
                 self._on_engine_done(
@@ -593,12 +599,17 @@ class Worker:
                     model=self.engine.model_name,
                     created=item.finished_ms // 1000,
                 )
-            except Exception as exc:  # noqa: BLE001 - answer, never drop
+            except Exception as exc:
                 log.exception("response_build_failed", request_id=env.request_id)
                 result = error_result(
-                    env, env.request_id, Status.failed,
-                    ErrorInfo(code=ErrorCode.internal_error, message=f"building the response: {exc}"),
-                    timings, worker,
+                    env,
+                    env.request_id,
+                    Status.failed,
+                    ErrorInfo(
+                        code=ErrorCode.internal_error, message=f"building the response: {exc}"
+                    ),
+                    timings,
+                    worker,
                 )
             else:
                 result = ResultEnvelope(
@@ -676,7 +687,9 @@ class Worker:
 
     # ------------------------------------------------------------------ helpers
 
-    def _worker_info(self, batch_id: str | None = None, batch_size: int | None = None) -> WorkerInfo:
+    def _worker_info(
+        self, batch_id: str | None = None, batch_size: int | None = None
+    ) -> WorkerInfo:
         return WorkerInfo(
             id=self.settings.worker_id,
             batch_id=batch_id,

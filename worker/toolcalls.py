@@ -250,4 +250,6 @@ def parse_output(
         content = (content or "").strip()
         if not content and calls:
             content = None
-    return ParsedOutput(content=content, reasoning_content=reasoning, tool_calls=calls, errors=errors)
+    return ParsedOutput(
+        content=content, reasoning_content=reasoning, tool_calls=calls, errors=errors
+    )

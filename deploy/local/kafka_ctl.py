@@ -47,7 +47,9 @@ def cmd_wait(bootstrap: str, timeout_s: float) -> int:
         except Exception as exc:  # broker not up yet
             last = exc
         time.sleep(0.5)
-    print(f"kafka: no metadata answer from {bootstrap} in {timeout_s:.0f}s: {last!r}", file=sys.stderr)
+    print(
+        f"kafka: no metadata answer from {bootstrap} in {timeout_s:.0f}s: {last!r}", file=sys.stderr
+    )
     return 1
 
 
@@ -73,7 +75,7 @@ def cmd_topics(bootstrap: str, specs: list[str], timeout_s: float) -> int:
         admin.wait_for_topics(list(wanted), timeout_ms=int(timeout_s * 1000))
         rc = 0
         for info in admin.describe_topics(list(wanted)):
-            name = info["topic"]
+            name = info.get("name") or info["topic"]
             have = len(info["partitions"])
             state = "created" if name in missing else "exists"
             print(f"kafka: topic {name} partitions={have} ({state})")

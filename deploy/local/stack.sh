@@ -258,7 +258,7 @@ start_kafka() {
     -Dkafka.logs.dir="$K_DIR/logs" \
     -Dlog4j2.configurationFile="$K_DIR/log4j2.properties" \
     -cp "$JAR_DIR/*" kafka.Kafka "$K_DIR/server.properties" \
-    >"$K_DIR/logs/kafka.out" 2>&1 </dev/null &
+    >"$K_DIR/logs/kafka.out" 2>&1 </dev/null 9>&- &
   echo $! >"$K_PID"
 }
 
@@ -278,7 +278,7 @@ start_redis() {
   : >"$R_DIR/redis.log"
   if ! redis-server --bind "$HOST" --port "$REDIS_PORT" --protected-mode yes \
     --daemonize yes --pidfile "$R_PID" --logfile "$R_DIR/redis.log" \
-    --dir "$R_DIR/data" --save '' --appendonly no --databases 16; then
+    --dir "$R_DIR/data" --save '' --appendonly no --databases 16 9>&-; then
     tail_log "$R_DIR/redis.log"
     die "redis-server failed to start"
   fi
@@ -393,7 +393,7 @@ stop_pid() { # $1 name, $2 pid, $3 signal target ("group" or "pid")
 lock() {
   mkdir -p "$STACK_DIR"
   exec 9>"$STACK_DIR/.lock"
-  flock -w 600 9 || die "another stack.sh holds $STACK_DIR/.lock"
+  flock -w 180 9 || die "another stack.sh has held $STACK_DIR/.lock for 180s"
 }
 
 # ---------------------------------------------------------------- commands

@@ -58,15 +58,23 @@ def worker_log(tmp_path: Path) -> Path:
 def client_for(lane: Lane) -> QBatchClient:
     return QBatchClient(
         ConnectionSettings(),
-        bootstrap=lane.bootstrap, redis_url=lane.redis_url, topic=lane.topic, prefix=lane.prefix,
-    )  # fmt: skip
+        bootstrap=lane.bootstrap,
+        redis_url=lane.redis_url,
+        topic=lane.topic,
+        prefix=lane.prefix,
+    )
 
 
 def write_openai(path: Path, n: int, *, body_for=None) -> Path:  # type: ignore[no-untyped-def]
     with path.open("w") as fh:
         for i in range(n):
             body = body_for(i) if body_for else {"messages": [{"role": "user", "content": f"m{i}"}]}
-            line = {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            line = {
+                "custom_id": f"c{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": body,
+            }
             fh.write(json.dumps(line) + "\n")
     return path
 
@@ -100,9 +108,10 @@ def topic_records(lane: Lane) -> int:
 def test_submit_get_wait_round_trips(lane: Lane, worker_log: Path) -> None:
     with echo_worker(lane, log=worker_log), client_for(lane) as qb:
         rid = qb.submit(
-            {"messages": [{"role": "user", "content": "ping"}]}, metadata={"trace": "t1"},
+            {"messages": [{"role": "user", "content": "ping"}]},
+            metadata={"trace": "t1"},
             custom_id="cid",
-        )  # fmt: skip
+        )
         result = qb.wait(rid, timeout=60)
         assert result is not None and result.status is Status.succeeded, result
         assert result.metadata == {"trace": "t1"} and result.custom_id == "cid"
@@ -122,7 +131,9 @@ def test_submit_get_wait_round_trips(lane: Lane, worker_log: Path) -> None:
 def test_cli_submit_wait_get(lane: Lane, worker_log: Path) -> None:
     with echo_worker(lane, log=worker_log):
         body = json.dumps({"messages": [{"role": "user", "content": "cli"}]})
-        done = qbatch(lane, "submit", "--body", body, "--request-id", "cli-1", "--wait", "--timeout", "60")
+        done = qbatch(
+            lane, "submit", "--body", body, "--request-id", "cli-1", "--wait", "--timeout", "60"
+        )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["response"]["choices"][0]["message"]["content"] == "cli"
         got = qbatch(lane, "get", "cli-1")
@@ -140,8 +151,20 @@ def test_bulk_run_10000_lines(lane: Lane, tmp_path: Path, worker_log: Path) -> N
     src = write_openai(tmp_path / "in.jsonl", 10_000)
     out = tmp_path / "out.jsonl"
     with echo_worker(lane, log=worker_log):
-        run = qbatch(lane, "-q", "--json", "bulk", "run", str(src), "--out", str(out),
-                     "--job", "big", "--timeout", "240")  # fmt: skip
+        run = qbatch(
+            lane,
+            "-q",
+            "--json",
+            "bulk",
+            "run",
+            str(src),
+            "--out",
+            str(out),
+            "--job",
+            "big",
+            "--timeout",
+            "240",
+        )
     assert run.returncode == 0, run.stderr
     lines = read_jsonl(out)
     assert len(lines) == 10_000
@@ -153,19 +176,24 @@ def test_bulk_run_10000_lines(lane: Lane, tmp_path: Path, worker_log: Path) -> N
     summary = [json.loads(x) for x in run.stdout.splitlines()]
     assert summary[-1]["collect"]["all_succeeded"] is True
     # a second run is a no-op that rewrites the same output
-    again = qbatch(lane, "-q", "bulk", "run", str(src), "--out", str(out), "--job", "big",
-                   "--timeout", "30")  # fmt: skip
+    again = qbatch(
+        lane, "-q", "bulk", "run", str(src), "--out", str(out), "--job", "big", "--timeout", "30"
+    )
     assert again.returncode == 0, again.stderr
     assert len(read_jsonl(out)) == 10_000
     assert topic_records(lane) == 10_000
 
 
-def test_killed_submit_resumes_without_duplicates(lane: Lane, tmp_path: Path, worker_log: Path) -> None:
+def test_killed_submit_resumes_without_duplicates(
+    lane: Lane, tmp_path: Path, worker_log: Path
+) -> None:
     n, chunk = 20_000, 500
     src = write_openai(tmp_path / "in.jsonl", n)
     out = tmp_path / "out.jsonl"
     with echo_worker(lane, log=worker_log):
-        proc = qbatch_popen(lane, "-q", "bulk", "submit", str(src), "--job", "kill", "--chunk", str(chunk))
+        proc = qbatch_popen(
+            lane, "-q", "bulk", "submit", str(src), "--job", "kill", "--chunk", str(chunk)
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             sent = int(job_hash(lane, "kill").get("submitted", 0))
@@ -177,12 +205,15 @@ def test_killed_submit_resumes_without_duplicates(lane: Lane, tmp_path: Path, wo
         h = job_hash(lane, "kill")
         assert h["status"] == "submitting" and 0 < int(h["submitted"]) < n, h
         first_run = topic_records(lane)
-        rerun = qbatch(lane, "-q", "--json", "bulk", "submit", str(src), "--job", "kill",
-                       "--chunk", str(chunk))  # fmt: skip
+        rerun = qbatch(
+            lane, "-q", "--json", "bulk", "submit", str(src), "--job", "kill", "--chunk", str(chunk)
+        )
         assert rerun.returncode == 0, rerun.stderr
         report = json.loads(rerun.stdout)["submit"]
         assert report["resumed_from"] == int(h["submitted"])
-        collect = qbatch(lane, "-q", "bulk", "collect", "kill", "--out", str(out), "--timeout", "120")
+        collect = qbatch(
+            lane, "-q", "bulk", "collect", "kill", "--out", str(out), "--timeout", "120"
+        )
         assert collect.returncode == 0, collect.stderr
     # at most the un-acknowledged chunk was published twice
     assert topic_records(lane) <= n + chunk, (first_run, topic_records(lane))
@@ -193,7 +224,9 @@ def test_killed_submit_resumes_without_duplicates(lane: Lane, tmp_path: Path, wo
     assert int(h.get("failed", 0)) == 0 and int(h.get("cancelled", 0)) == 0
 
 
-def test_killed_collect_reruns_to_the_same_output(lane: Lane, tmp_path: Path, worker_log: Path) -> None:
+def test_killed_collect_reruns_to_the_same_output(
+    lane: Lane, tmp_path: Path, worker_log: Path
+) -> None:
     src = write_openai(tmp_path / "in.jsonl", 3_000)
     out = tmp_path / "out.jsonl"
     with echo_worker(lane, "--echo-delay-ms", "300", "--max-inflight", "256", log=worker_log):
@@ -214,7 +247,9 @@ def test_collect_timeout_writes_what_finished(lane: Lane, tmp_path: Path, worker
     out = tmp_path / "out.jsonl"
     with echo_worker(lane, "--echo-delay-ms", "500", "--max-inflight", "32", log=worker_log):
         assert qbatch(lane, "-q", "bulk", "submit", str(src), "--job", "slow").returncode == 0
-        col = qbatch(lane, "-q", "--json", "bulk", "collect", "slow", "--out", str(out), "--timeout", "3")
+        col = qbatch(
+            lane, "-q", "--json", "bulk", "collect", "slow", "--out", str(out), "--timeout", "3"
+        )
         assert col.returncode == 3, col.stderr
         report = json.loads(col.stdout)["collect"]
         assert not report["complete"] and 0 < report["written"] < 2_000
@@ -229,8 +264,16 @@ def test_bulk_cancel_mid_job(lane: Lane, tmp_path: Path, worker_log: Path) -> No
     n = 2_000
     src = write_openai(tmp_path / "in.jsonl", n)
     out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    with echo_worker(lane, "--echo-delay-ms", "500", "--max-inflight", "32", "--batch-max-size", "16",
-                     log=worker_log):  # fmt: skip
+    with echo_worker(
+        lane,
+        "--echo-delay-ms",
+        "500",
+        "--max-inflight",
+        "32",
+        "--batch-max-size",
+        "16",
+        log=worker_log,
+    ):
         assert qbatch(lane, "-q", "bulk", "submit", str(src), "--job", "cx").returncode == 0
         deadline = time.monotonic() + 60
         while int(job_hash(lane, "cx").get("succeeded", 0)) < 50 and time.monotonic() < deadline:
@@ -238,8 +281,19 @@ def test_bulk_cancel_mid_job(lane: Lane, tmp_path: Path, worker_log: Path) -> No
         cancel = qbatch(lane, "--json", "bulk", "cancel", "cx")
         assert cancel.returncode == 0, cancel.stderr
         assert json.loads(cancel.stdout)["status"] in ("cancelling", "cancelled")
-        col = qbatch(lane, "-q", "bulk", "collect", "cx", "--out", str(out), "--errors", str(errors),
-                     "--timeout", "120")  # fmt: skip
+        col = qbatch(
+            lane,
+            "-q",
+            "bulk",
+            "collect",
+            "cx",
+            "--out",
+            str(out),
+            "--errors",
+            str(errors),
+            "--timeout",
+            "120",
+        )
         assert col.returncode == 1, col.stderr
     ok, bad = read_jsonl(out), read_jsonl(errors)
     assert len(ok) + len(bad) == n
@@ -273,14 +327,28 @@ def test_bad_lines_dry_run_and_real_run(lane: Lane, tmp_path: Path, worker_log: 
         assert f"line {b['line']}: " in dry.stderr
     assert job_hash(lane, "bad") == {}  # nothing published or recorded
     with echo_worker(lane, log=worker_log):
-        run = qbatch(lane, "-q", "bulk", "run", str(src), "--out", str(out), "--job", "bad",
-                     "--timeout", "120")  # fmt: skip
+        run = qbatch(
+            lane,
+            "-q",
+            "bulk",
+            "run",
+            str(src),
+            "--out",
+            str(out),
+            "--job",
+            "bad",
+            "--timeout",
+            "120",
+        )
     assert run.returncode == 1, run.stderr
     lines = read_jsonl(out)
     assert len(lines) == 101
     errs = [line for line in lines if line["error"] is not None]
     assert len(errs) == 21
-    assert all(e["response"]["status_code"] == 400 and e["error"]["code"] == "invalid_request" for e in errs)
+    assert all(
+        e["response"]["status_code"] == 400 and e["error"]["code"] == "invalid_request"
+        for e in errs
+    )
     assert errs[0]["custom_id"] == "c3" and "body.temperature" in errs[0]["error"]["message"]
     assert topic_records(lane) == 80
     h = job_hash(lane, "bad")
@@ -295,8 +363,9 @@ def test_retry_failed_lines(lane: Lane, tmp_path: Path, worker_log: Path) -> Non
     src = write_openai(tmp_path / "in.jsonl", 40, body_for=body)
     out = tmp_path / "out.jsonl"
     with echo_worker(lane, log=worker_log):
-        run = qbatch(lane, "-q", "bulk", "run", str(src), "--out", str(out), "--job", "rt",
-                     "--timeout", "60")  # fmt: skip
+        run = qbatch(
+            lane, "-q", "bulk", "run", str(src), "--out", str(out), "--job", "rt", "--timeout", "60"
+        )
         assert run.returncode == 1, run.stderr
         retry = qbatch(lane, "--json", "bulk", "retry", "rt", "--failed")
         assert retry.returncode == 0, retry.stderr

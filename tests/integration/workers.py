@@ -86,9 +86,15 @@ class Lane:
 
     def cli_args(self) -> list[str]:
         return [
-            "--bootstrap", self.bootstrap, "--redis-url", self.redis_url,
-            "--topic", self.topic, "--prefix", self.prefix,
-        ]  # fmt: skip
+            "--bootstrap",
+            self.bootstrap,
+            "--redis-url",
+            self.redis_url,
+            "--topic",
+            self.topic,
+            "--prefix",
+            self.prefix,
+        ]
 
     def create_topics(self, partitions: int = 8) -> None:
         create_topic(self.topic, partitions, self.bootstrap)
@@ -114,9 +120,17 @@ def start_worker(
 ) -> subprocess.Popen[bytes]:
     """An echo-engine worker for `lane` (stop it with `stop_worker`)."""
     cmd = [
-        sys.executable, "-m", "worker", "--engine", "echo",
-        "--auto-offset-reset", "earliest", "--metrics-port", str(metrics_port), *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "worker",
+        "--engine",
+        "echo",
+        "--auto-offset-reset",
+        "earliest",
+        "--metrics-port",
+        str(metrics_port),
+        *extra,
+    ]
     sink = log.open("ab") if log is not None else subprocess.DEVNULL
     return subprocess.Popen(cmd, env=lane.env(), cwd=REPO, stdout=sink, stderr=sink)
 
@@ -133,7 +147,9 @@ def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
 
 
 @contextlib.contextmanager
-def echo_worker(lane: Lane, *extra: str, log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def echo_worker(
+    lane: Lane, *extra: str, log: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     proc = start_worker(lane, *extra, log=log)
     try:
         time.sleep(0.2)
@@ -148,12 +164,20 @@ def qbatch(lane: Lane, *args: str, timeout: float = 600) -> subprocess.Completed
     """Run the `qbatch` CLI for `lane` as a subprocess."""
     return subprocess.run(
         [sys.executable, "-m", "producer.cli", *lane.cli_args(), *args],
-        env=lane.env(), cwd=REPO, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        env=lane.env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def qbatch_popen(lane: Lane, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "producer.cli", *lane.cli_args(), *args],
-        env=lane.env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=lane.env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

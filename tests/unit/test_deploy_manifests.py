@@ -14,6 +14,7 @@ PromQL syntax is checked when the optional `promql_parser` package is importable
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from worker.config import WorkerSettings
 from worker.metrics import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -292,34 +294,48 @@ def test_secrets_stay_out_of_the_config_map() -> None:
             assert not re.search(r"://[^/@]*:[^/@]*@", value), f"{key} embeds credentials"
 
 
+def _known_setting_env_names() -> set[str]:
+    return {f"QBATCH_{name.upper()}" for name in WorkerSettings.model_fields}
+
+
 def test_every_worker_env_name_is_a_known_setting() -> None:
-    known = {
-        # connection settings (schemas.settings.ConnectionSettings)
-        "QBATCH_KAFKA_BOOTSTRAP", "QBATCH_REDIS_URL", "QBATCH_TOPIC", "QBATCH_DLQ_TOPIC",
-        "QBATCH_GROUP", "QBATCH_PREFIX", "QBATCH_KAFKA_SECURITY_PROTOCOL",
-        "QBATCH_KAFKA_SASL_MECHANISM", "QBATCH_KAFKA_SASL_USERNAME", "QBATCH_KAFKA_SASL_PASSWORD",
-        "QBATCH_KAFKA_SSL_CAFILE", "QBATCH_KAFKA_SSL_CERTFILE", "QBATCH_KAFKA_SSL_KEYFILE",
-        "QBATCH_REDIS_PASSWORD", "QBATCH_REDIS_USERNAME", "QBATCH_REDIS_SSL_CA_CERTS",
-        # worker settings
-        "QBATCH_ENGINE", "QBATCH_ENGINE_MODE", "QBATCH_MODEL", "QBATCH_SERVED_MODEL_NAME",
-        "QBATCH_TENSOR_PARALLEL_SIZE", "QBATCH_MAX_MODEL_LEN", "QBATCH_GPU_MEMORY_UTILIZATION",
-        "QBATCH_ENABLE_PREFIX_CACHING", "QBATCH_ENABLE_CHUNKED_PREFILL", "QBATCH_QUANTIZATION",
-        "QBATCH_KV_CACHE_DTYPE", "QBATCH_DTYPE", "QBATCH_MAX_NUM_SEQS",
-        "QBATCH_MAX_NUM_BATCHED_TOKENS", "QBATCH_BLOCK_SIZE", "QBATCH_LOAD_FORMAT",
-        "QBATCH_BATCH_MAX_SIZE", "QBATCH_BATCH_MAX_WAIT_MS", "QBATCH_MAX_INFLIGHT",
-        "QBATCH_DRAIN_TIMEOUT_S", "QBATCH_METRICS_PORT", "QBATCH_WORKER_ID",
-    }  # fmt: skip
+    known = _known_setting_env_names()
+    assert {"QBATCH_TENSOR_PARALLEL_SIZE", "QBATCH_DRAIN_TIMEOUT_S", "QBATCH_METRICS_PORT"} <= known
     compose_env = _load_one(COMPOSE)["services"]["worker"]["environment"]
     deployment = _load_one(BASE / "deployment.yaml")
     pod_env = {e["name"] for e in _container(deployment)["env"]}
     for name in [*_overlay_values(), *compose_env, *pod_env]:
         if name.startswith("QBATCH_"):
             assert name in known, f"{name} is not a setting the worker reads"
-    for settings in (_overlay_values(), compose_env):
-        inflight = int(_interp_default(settings["QBATCH_MAX_INFLIGHT"]))
-        assert inflight >= int(_interp_default(settings["QBATCH_MAX_NUM_SEQS"])), (
-            "max_inflight below the engine's max_num_seqs starves the engine"
-        )
+
+
+def _settings_sets() -> dict[str, dict[str, str]]:
+    compose_env = _load_one(COMPOSE)["services"]["worker"]["environment"]
+    return {
+        "k8s base": _read_env_file(BASE / "worker.env"),
+        "k8s overlay": _overlay_values(),
+        "compose": {k: _interp_default(str(v)) for k, v in compose_env.items()},
+    }
+
+
+@pytest.mark.parametrize("which", ["k8s base", "k8s overlay", "compose"])
+def test_shipped_settings_validate_as_worker_settings(
+    which: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The values each manifest ships parse as the worker would parse them."""
+    for key in list(os.environ):
+        if key.startswith("QBATCH_"):
+            monkeypatch.delenv(key)
+    values = _settings_sets()[which]
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    settings = WorkerSettings()
+    assert settings.engine == "vllm" and settings.model
+    assert settings.tensor_parallel_size == int(values["QBATCH_TENSOR_PARALLEL_SIZE"])
+    assert settings.metrics_port == 9400
+    assert settings.max_inflight >= (settings.max_num_seqs or 0), (
+        "max_inflight below the engine's max_num_seqs starves the engine"
+    )
 
 
 # --------------------------------------------------------------------------- deployment

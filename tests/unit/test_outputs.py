@@ -51,10 +51,14 @@ def completion(**body: Any) -> RequestEnvelope:
 )
 def test_chat_finish_reasons(finish: EngineFinish, calls: bool, expected: str) -> None:
     text = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>' if calls else "hi"
-    tools = [RequestEnvelope.model_validate(
-        {"request_id": "t", "body": {"messages": [{"role": "user", "content": "x"}],
-                                     "tools": [TOOL]}}
-    ).body.tools[0]]  # type: ignore[union-attr]
+    tools = [
+        RequestEnvelope.model_validate(
+            {
+                "request_id": "t",
+                "body": {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL]},
+            }
+        ).body.tools[0]
+    ]  # type: ignore[union-attr]
     parsed = parse_output(text, tools=tools, reasoning_enabled=False)
     resp = build_chat_completion("r-1", out(text, finish), parsed, "qwen3", 123)
     assert resp.choices[0].finish_reason == expected
@@ -66,11 +70,17 @@ def test_chat_ids_usage_and_message() -> None:
     resp = build_chat_completion("r-9", out("x", p=10, c=5), parsed, "qwen3", 1_700_000_000)
     assert resp.id == "chatcmpl-r-9" and resp.object == "chat.completion"
     assert resp.model == "qwen3" and resp.created == 1_700_000_000
-    assert resp.usage.model_dump() == {"prompt_tokens": 10, "completion_tokens": 5,
-                                       "total_tokens": 15}
+    assert resp.usage.model_dump() == {
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "total_tokens": 15,
+    }
     msg = resp.choices[0].message
     assert (msg.role, msg.content, msg.reasoning_content, msg.tool_calls) == (
-        "assistant", "4", "2+2", None
+        "assistant",
+        "4",
+        "2+2",
+        None,
     )
     ChatCompletion.model_validate_json(resp.model_dump_json())
 
@@ -83,8 +93,9 @@ def test_completion() -> None:
 
 
 def test_error_output_has_no_response() -> None:
-    failed = EngineOutput(key="r-1", text="", prompt_tokens=0, completion_tokens=0,
-                          finish="error", error="boom")
+    failed = EngineOutput(
+        key="r-1", text="", prompt_tokens=0, completion_tokens=0, finish="error", error="boom"
+    )
     with pytest.raises(ValueError, match="boom"):
         build_completion("r-1", failed, "m", 0)
 
@@ -98,8 +109,9 @@ def test_build_response_chat_parses_tools_and_reasoning(qwen3_tokenizer: Any) ->
         '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_date", "arguments": {}}\n</tool_call>'
     )
-    resp, errors = build_response(env, rendered, out(text, c=40), model="qwen3", created=9,
-                                  id_factory=seeded_id_factory(3))
+    resp, errors = build_response(
+        env, rendered, out(text, c=40), model="qwen3", created=9, id_factory=seeded_id_factory(3)
+    )
     assert isinstance(resp, ChatCompletion)
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"

@@ -92,7 +92,9 @@ def test_detect_format_first_non_blank_line_decides() -> None:
 
 
 def test_openai_file_scans_to_envelopes() -> None:
-    scan = scan_lines([openai_line("a"), "", openai_line("b", {"prompt": "x"}, "/v1/completions")], "j")
+    scan = scan_lines(
+        [openai_line("a"), "", openai_line("b", {"prompt": "x"}, "/v1/completions")], "j"
+    )
     assert scan.format is InputFormat.openai
     assert scan.total == 2
     first, second = scan.lines
@@ -170,16 +172,21 @@ def chat_result(status: Status = Status.succeeded, code: ErrorCode | None = None
     response = None
     if status is Status.succeeded:
         response = {
-            "id": "x", "created": 1, "model": "m",
+            "id": "x",
+            "created": 1,
+            "model": "m",
             "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }  # fmt: skip
+        }
     return ResultEnvelope.model_validate(
         {
-            "request_id": "j.1", "job_id": "j", "custom_id": "a", "status": status,
+            "request_id": "j.1",
+            "job_id": "j",
+            "custom_id": "a",
+            "status": status,
             "response": response,
             "error": {"code": code, "message": f"{code}: boom"} if code else None,
-        }  # fmt: skip
+        }
     )
 
 
@@ -261,7 +268,9 @@ def test_all_failed_is_not_reported_as_plain_completed() -> None:
     assert v.label.startswith("completed_with_errors (0 succeeded, 100 failed")
     assert final_status(view(failed=100)) is JobStatus.completed_with_errors
     assert final_status(view(succeeded=100)) is JobStatus.completed
-    assert final_status(view(succeeded=50, cancelled=50, status="cancelling")) is JobStatus.cancelled
+    assert (
+        final_status(view(succeeded=50, cancelled=50, status="cancelling")) is JobStatus.cancelled
+    )
     assert final_status(view(succeeded=99)) is None
     assert final_status(view(succeeded=100, status="submitting")) is None
 

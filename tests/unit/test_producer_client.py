@@ -74,16 +74,21 @@ def result_json(rid: str, status: str = "succeeded") -> bytes:
 @pytest.fixture
 def client() -> QBatchClient:
     return QBatchClient(
-        bootstrap="k:1", redis_url="redis://r:1/0", topic="t", prefix="p",
-        producer=FakeProducer(), redis_client=FakeRedis(), poll_s=0.01,
-    )  # fmt: skip
+        bootstrap="k:1",
+        redis_url="redis://r:1/0",
+        topic="t",
+        prefix="p",
+        producer=FakeProducer(),
+        redis_client=FakeRedis(),
+        poll_s=0.01,
+    )
 
 
 def test_submit_publishes_a_valid_keyed_envelope(client: QBatchClient) -> None:
     rid = client.submit(
         {"messages": [{"role": "user", "content": "hi"}]}, priority=-1, metadata={"a": 1}
     )
-    (topic, key, value), = client.producer.sent
+    ((topic, key, value),) = client.producer.sent
     assert topic == "t" and key == rid.encode()
     env = decode_request(value, key)
     assert env.priority == -1 and env.metadata == {"a": 1} and env.submitted_at is not None
@@ -120,7 +125,9 @@ def test_duplicate_ids_in_one_call_are_refused(client: QBatchClient) -> None:
 def test_unacknowledged_records_raise() -> None:
     qb = QBatchClient(producer=FakeProducer(fail={"bad"}), redis_client=FakeRedis())
     with pytest.raises(PublishError) as exc:
-        qb.submit_many([Request({"prompt": "a"}, request_id="ok"), Request({"prompt": "b"}, request_id="bad")])
+        qb.submit_many(
+            [Request({"prompt": "a"}, request_id="ok"), Request({"prompt": "b"}, request_id="bad")]
+        )
     assert set(exc.value.failed) == {"bad"}
 
 
@@ -181,9 +188,20 @@ runner = CliRunner()
 
 @pytest.mark.parametrize(
     "args",
-    [[], ["submit"], ["get"], ["wait"], ["bulk"], ["bulk", "submit"], ["bulk", "status"],
-     ["bulk", "collect"], ["bulk", "cancel"], ["bulk", "run"], ["bulk", "retry"]],
-)  # fmt: skip
+    [
+        [],
+        ["submit"],
+        ["get"],
+        ["wait"],
+        ["bulk"],
+        ["bulk", "submit"],
+        ["bulk", "status"],
+        ["bulk", "collect"],
+        ["bulk", "cancel"],
+        ["bulk", "run"],
+        ["bulk", "retry"],
+    ],
+)
 def test_help_everywhere(args: list[str]) -> None:
     result = runner.invoke(app, [*args, "--help"])
     assert result.exit_code == 0, result.output
@@ -192,11 +210,22 @@ def test_help_everywhere(args: list[str]) -> None:
 
 def test_dry_run_lists_every_bad_line(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
-    good = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"messages": [{"role": "user", "content": "x"}]}}  # fmt: skip
+    good = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": "x"}]},
+    }
     path.write_text(
-        "\n".join([json.dumps(good), "nope", json.dumps({**good, "custom_id": "b", "body": {}}),
-                   json.dumps(good)]) + "\n"  # fmt: skip
+        "\n".join(
+            [
+                json.dumps(good),
+                "nope",
+                json.dumps({**good, "custom_id": "b", "body": {}}),
+                json.dumps(good),
+            ]
+        )
+        + "\n"
     )
     result = runner.invoke(app, ["--json", "bulk", "submit", str(path), "--job", "j", "--dry-run"])
     assert result.exit_code == 1, result.output
@@ -208,7 +237,9 @@ def test_dry_run_lists_every_bad_line(tmp_path: Path) -> None:
 
 def test_dry_run_clean_file_exits_0(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
-    path.write_text(json.dumps({"request_id": "x", "body": {"prompt": "p"}, "endpoint": "/v1/completions"}))
+    path.write_text(
+        json.dumps({"request_id": "x", "body": {"prompt": "p"}, "endpoint": "/v1/completions"})
+    )
     result = runner.invoke(app, ["-q", "bulk", "submit", str(path), "--job", "j", "--dry-run"])
     assert result.exit_code == 0, result.output
 

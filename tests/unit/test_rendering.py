@@ -72,15 +72,24 @@ def test_plain_chat(renderer: PromptRenderer, qwen3_tokenizer: Any) -> None:
 
 def test_content_parts_are_flattened(renderer: PromptRenderer) -> None:
     out = renderer.render(
-        chat([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+        chat(
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ]
+        )
     )
     assert "<|im_start|>user\nab<|im_end|>" in out.text
 
 
 def test_tools_are_rendered_in_the_tools_block(renderer: PromptRenderer) -> None:
     out = renderer.render(
-        chat([{"role": "system", "content": "S."}, {"role": "user", "content": "Paris?"}],
-             tools=[WEATHER_TOOL])
+        chat(
+            [{"role": "system", "content": "S."}, {"role": "user", "content": "Paris?"}],
+            tools=[WEATHER_TOOL],
+        )
     )
     head, _, rest = out.text.partition("<tools>\n")
     block, _, _ = rest.partition("\n</tools>")
@@ -119,8 +128,9 @@ def test_enable_thinking_false(renderer: PromptRenderer) -> None:
 
 def test_reserved_template_kwargs_are_rejected(renderer: PromptRenderer) -> None:
     with pytest.raises(ContractError) as info:
-        renderer.render(chat([{"role": "user", "content": "Hi"}],
-                             chat_template_kwargs={"tokenize": True}))
+        renderer.render(
+            chat([{"role": "user", "content": "Hi"}], chat_template_kwargs={"tokenize": True})
+        )
     assert info.value.param == "body.chat_template_kwargs"
 
 
@@ -187,9 +197,10 @@ def test_non_object_arguments_are_passed_verbatim() -> None:
         chat(
             [
                 {"role": "user", "content": "x"},
-                {"role": "assistant", "tool_calls": [
-                    {"id": "c", "function": {"name": "f", "arguments": "not json"}}
-                ]},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "not json"}}],
+                },
             ]
         ).body.messages  # type: ignore[union-attr]
     )
@@ -200,7 +211,9 @@ def test_non_object_arguments_are_passed_verbatim() -> None:
 def test_completion_prompt_text(renderer: PromptRenderer, qwen3_tokenizer: Any) -> None:
     out = renderer.render(completion("Once upon a time", max_tokens=16))
     assert out.text == "Once upon a time"
-    assert out.token_ids == qwen3_tokenizer("Once upon a time", add_special_tokens=False)["input_ids"]
+    assert (
+        out.token_ids == qwen3_tokenizer("Once upon a time", add_special_tokens=False)["input_ids"]
+    )
     assert out.reasoning_enabled is False and out.tools is None
     assert out.sampling.max_tokens == 16
 
@@ -259,12 +272,14 @@ def test_exact_fit_is_allowed(qwen3_tokenizer: Any) -> None:
 
 
 def test_default_max_tokens_is_clamped_not_rejected(qwen3_tokenizer: Any) -> None:
-    r = PromptRenderer(qwen3_tokenizer, max_model_len=100, served_names={"m"},
-                       default_max_tokens=1000)
+    r = PromptRenderer(
+        qwen3_tokenizer, max_model_len=100, served_names={"m"}, default_max_tokens=1000
+    )
     out = r.render(chat([{"role": "user", "content": "Hi"}]))
     assert out.sampling.max_tokens == 100 - out.prompt_tokens
-    r2 = PromptRenderer(qwen3_tokenizer, max_model_len=100, served_names={"m"},
-                        default_max_tokens=7)
+    r2 = PromptRenderer(
+        qwen3_tokenizer, max_model_len=100, served_names={"m"}, default_max_tokens=7
+    )
     assert r2.render(chat([{"role": "user", "content": "Hi"}])).sampling.max_tokens == 7
 
 
@@ -279,7 +294,9 @@ def test_unknown_model(renderer: PromptRenderer) -> None:
 
 def test_generation_defaults_loaded(qwen3_fixture_dir: Any) -> None:
     assert load_generation_defaults(qwen3_fixture_dir) == {
-        "temperature": 0.6, "top_p": 0.95, "top_k": 20,
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 20,
     }
 
 
@@ -293,8 +310,13 @@ def test_sampling_mapping() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     env = chat(
         [{"role": "user", "content": "Hi"}],
-        temperature=0.0, top_p=0.5, top_k=-1, seed=7, stop="END",
-        presence_penalty=0.5, frequency_penalty=-0.25,
+        temperature=0.0,
+        top_p=0.5,
+        top_k=-1,
+        seed=7,
+        stop="END",
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
     )
     s = sampling_from_body(env.body, 12, {"temperature": 0.6, "top_p": 0.95, "top_k": 20})
@@ -317,8 +339,10 @@ def test_sampling_mapping() -> None:
 def test_echo_renderer_without_tokenizer() -> None:
     r = PromptRenderer(None, max_model_len=50, served_names={"echo"})
     out = r.render(
-        chat([{"role": "system", "content": "sys"}, {"role": "user", "content": "one two  three"}],
-             tools=[WEATHER_TOOL])
+        chat(
+            [{"role": "system", "content": "sys"}, {"role": "user", "content": "one two  three"}],
+            tools=[WEATHER_TOOL],
+        )
     )
     assert out.text == "one two  three"
     assert out.token_ids is None
@@ -341,5 +365,9 @@ def test_engine_request(renderer: PromptRenderer) -> None:
     out = renderer.render(chat([{"role": "user", "content": "Hi"}]))
     req = out.engine_request("r-1", priority=3)
     assert (req.key, req.prompt, req.prompt_token_ids, req.sampling, req.priority) == (
-        "r-1", out.text, out.token_ids, out.sampling, 3
+        "r-1",
+        out.text,
+        out.token_ids,
+        out.sampling,
+        3,
     )

@@ -84,8 +84,9 @@ def test_calls_inside_text() -> None:
 
 def test_malformed_json() -> None:
     bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'
-    out = parse_output("ok " + bad + " " + call("get_time", {}), tools=TOOLS,
-                       reasoning_enabled=False)
+    out = parse_output(
+        "ok " + bad + " " + call("get_time", {}), tools=TOOLS, reasoning_enabled=False
+    )
     assert len(out.tool_calls) == 1 and out.tool_calls[0].function.name == "get_time"
     assert len(out.errors) == 1
     err = out.errors[0]
@@ -105,7 +106,8 @@ def test_unknown_tool() -> None:
 def test_schema_invalid_arguments() -> None:
     out = parse_output(
         call("get_weather", {"unit": "c"}) + call("get_weather", {"city": "X", "unit": "k"}),
-        tools=TOOLS, reasoning_enabled=False,
+        tools=TOOLS,
+        reasoning_enabled=False,
     )
     assert out.tool_calls == []
     first, second = out.errors
@@ -116,7 +118,8 @@ def test_schema_invalid_arguments() -> None:
 
 
 def test_arguments_as_json_string() -> None:
-    text = '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}\n</tool_call>'
+    inner = json.dumps({"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})})
+    text = f"<tool_call>\n{inner}\n</tool_call>"
     out = parse_output(text, tools=TOOLS, reasoning_enabled=False)
     assert out.errors == []
     assert json.loads(out.tool_calls[0].function.arguments) == {"city": "Oslo"}
@@ -128,7 +131,8 @@ def test_arguments_wrong_type_and_missing_name() -> None:
         '<tool_call>{"arguments": {}}</tool_call>'
         "<tool_call>[1, 2]</tool_call>"
         '<tool_call>{"name": "get_time", "arguments": "nope"}</tool_call>',
-        tools=TOOLS, reasoning_enabled=False,
+        tools=TOOLS,
+        reasoning_enabled=False,
     )
     reasons = [e.reason for e in out.errors]
     assert reasons == [
@@ -141,8 +145,9 @@ def test_arguments_wrong_type_and_missing_name() -> None:
 
 
 def test_missing_arguments_means_empty_object() -> None:
-    out = parse_output('<tool_call>{"name": "get_time"}</tool_call>', tools=TOOLS,
-                       reasoning_enabled=False)
+    out = parse_output(
+        '<tool_call>{"name": "get_time"}</tool_call>', tools=TOOLS, reasoning_enabled=False
+    )
     assert out.errors == [] and out.tool_calls[0].function.arguments == "{}"
 
 
@@ -176,8 +181,9 @@ def test_block_interrupted_by_another_opener() -> None:
 
 
 def test_think_closed() -> None:
-    out = parse_output("<think>\nhmm\n</think>\n\nThe answer is 4.", tools=None,
-                       reasoning_enabled=True)
+    out = parse_output(
+        "<think>\nhmm\n</think>\n\nThe answer is 4.", tools=None, reasoning_enabled=True
+    )
     assert out.reasoning_content == "hmm"
     assert out.content == "The answer is 4."
 
@@ -188,8 +194,9 @@ def test_think_without_opener() -> None:
 
 
 def test_think_unclosed_is_all_reasoning() -> None:
-    out = parse_output("<think>\nlong thought " + call("get_time", {}), tools=TOOLS,
-                       reasoning_enabled=True)
+    out = parse_output(
+        "<think>\nlong thought " + call("get_time", {}), tools=TOOLS, reasoning_enabled=True
+    )
     assert out.reasoning_content is not None
     assert out.reasoning_content.startswith("long thought")
     assert out.content is None and out.tool_calls == [] and out.errors == []
@@ -213,9 +220,7 @@ def test_reasoning_disabled_strips_only_leading_empty_think() -> None:
 
 
 def test_split_reasoning_keeps_prefix() -> None:
-    assert split_reasoning("pre <think>r</think>post", reasoning_enabled=True) == (
-        "r", "pre post"
-    )
+    assert split_reasoning("pre <think>r</think>post", reasoning_enabled=True) == ("r", "pre post")
 
 
 def test_tool_call_inside_reasoning_is_not_a_call() -> None:
@@ -227,8 +232,13 @@ def test_tool_call_inside_reasoning_is_not_a_call() -> None:
 
 def test_validator_errors_are_reported_not_raised() -> None:
     weird = Tool.model_validate(
-        {"type": "function", "function": {"name": "w", "parameters": {
-            "type": "object", "properties": {"s": {"$ref": "#/$defs/missing"}}}}}
+        {
+            "type": "function",
+            "function": {
+                "name": "w",
+                "parameters": {"type": "object", "properties": {"s": {"$ref": "#/$defs/missing"}}},
+            },
+        }
     )
     out = parse_output(call("w", {"s": "abc"}), tools=[weird], reasoning_enabled=False)
     assert out.tool_calls == [] and len(out.errors) == 1
@@ -238,19 +248,41 @@ def test_validator_errors_are_reported_not_raised() -> None:
 # ------------------------------------------------------------------ fuzzing
 
 FRAGMENTS = [
-    "<tool_call>", "</tool_call>", "<think>", "</think>", "\n", " ", "{", "}", '"name"', ":",
-    '"get_weather"', '"get_time"', '"arguments"', ",", '{"city": "Paris"}', "[", "]", "null",
-    '"', "\\", "é", "text",
-    call("get_weather", {"city": "Rome"}), call("get_time", {}), call("nope", {}),
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "\n",
+    " ",
+    "{",
+    "}",
+    '"name"',
+    ":",
+    '"get_weather"',
+    '"get_time"',
+    '"arguments"',
+    ",",
+    '{"city": "Paris"}',
+    "[",
+    "]",
+    "null",
+    '"',
+    "\\",
+    "é",
+    "text",
+    call("get_weather", {"city": "Rome"}),
+    call("get_time", {}),
+    call("nope", {}),
 ]
-fuzz_text = st.lists(
-    st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=40
-).map("".join)
+fuzz_text = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=40).map(
+    "".join
+)
 
 
 def check_invariants(text: str, reasoning_enabled: bool, with_tools: bool) -> None:
-    out = parse_output(text, tools=TOOLS if with_tools else None,
-                       reasoning_enabled=reasoning_enabled)
+    out = parse_output(
+        text, tools=TOOLS if with_tools else None, reasoning_enabled=reasoning_enabled
+    )
     # every <tool_call> opener is a call, an error, or part of the reasoning
     in_reasoning = (out.reasoning_content or "").count(TOOL_CALL_OPEN)
     assert text.count(TOOL_CALL_OPEN) == in_reasoning + len(out.tool_calls) + len(out.errors)

@@ -12,7 +12,7 @@ import pytest
 
 from schemas.request import RequestEnvelope
 from worker.engines.base import EngineOutput, EngineRequest, SamplingSpec
-from worker.rendering import PromptRenderer, load_generation_defaults
+from worker.rendering import PromptRenderer
 
 pytestmark = [
     pytest.mark.cpu_model,
@@ -62,19 +62,12 @@ def run(engine: Any, requests: list[EngineRequest]) -> dict[str, EngineOutput]:
 
 
 def greedy(key: str, prompt: str, max_tokens: int, **kw: Any) -> EngineRequest:
-    return EngineRequest(key=key, prompt=prompt, prompt_token_ids=None,
-                         sampling=SamplingSpec(max_tokens=max_tokens, temperature=0.0, **kw))
-
-
-def test_tiny_model_build_is_idempotent(tiny_qwen3_dir: Path) -> None:
-    from worker.tiny_model import build_tiny_qwen3, is_complete
-
-    assert is_complete(tiny_qwen3_dir)
-    stamp = (tiny_qwen3_dir / "model.safetensors").stat().st_mtime_ns
-    assert build_tiny_qwen3(tiny_qwen3_dir) == tiny_qwen3_dir
-    assert (tiny_qwen3_dir / "model.safetensors").stat().st_mtime_ns == stamp
-    assert "RANDOM" in (tiny_qwen3_dir / "README.md").read_text()
-    assert load_generation_defaults(tiny_qwen3_dir)["top_k"] == 20
+    return EngineRequest(
+        key=key,
+        prompt=prompt,
+        prompt_token_ids=None,
+        sampling=SamplingSpec(max_tokens=max_tokens, temperature=0.0, **kw),
+    )
 
 
 def test_engine_properties(engine: Any) -> None:
@@ -86,16 +79,22 @@ def test_engine_properties(engine: Any) -> None:
 
 
 def test_batch_of_chat_requests_with_different_max_tokens(engine: Any) -> None:
-    renderer = PromptRenderer(engine.tokenizer, max_model_len=engine.max_model_len,
-                              served_names={engine.model_name})
+    renderer = PromptRenderer(
+        engine.tokenizer, max_model_len=engine.max_model_len, served_names={engine.model_name}
+    )
     limits = {"a": 1, "b": 5, "c": 17}
     requests = []
     for i, (key, limit) in enumerate(limits.items()):
         env = RequestEnvelope.model_validate(
-            {"request_id": key,
-             "body": {"messages": [{"role": "user", "content": "Hello " * (i * 5 + 1)}],
-                      "max_tokens": limit, "temperature": 0.0,
-                      "chat_template_kwargs": {"enable_thinking": False}}}
+            {
+                "request_id": key,
+                "body": {
+                    "messages": [{"role": "user", "content": "Hello " * (i * 5 + 1)}],
+                    "max_tokens": limit,
+                    "temperature": 0.0,
+                    "chat_template_kwargs": {"enable_thinking": False},
+                },
+            }
         )
         requests.append(renderer.render(env).engine_request(key))
     outputs = run(engine, requests)
@@ -114,18 +113,27 @@ def test_batch_of_chat_requests_with_different_max_tokens(engine: Any) -> None:
 
 def test_left_padding_does_not_change_greedy_output(engine: Any) -> None:
     alone = run(engine, [greedy("x", "The quick brown fox", 8)])["x"]
-    batched = run(engine, [
-        greedy("long", "A far longer prompt so that the other row gets plenty of left padding", 3),
-        greedy("x", "The quick brown fox", 8),
-    ])["x"]
+    batched = run(
+        engine,
+        [
+            greedy(
+                "long", "A far longer prompt so that the other row gets plenty of left padding", 3
+            ),
+            greedy("x", "The quick brown fox", 8),
+        ],
+    )["x"]
     assert batched.text == alone.text
     assert batched.completion_tokens == alone.completion_tokens == 8
 
 
 def test_seeded_sampling_is_reproducible(engine: Any) -> None:
     def sampled() -> str:
-        req = EngineRequest(key="s", prompt="Once", prompt_token_ids=None,
-                            sampling=SamplingSpec(max_tokens=10, temperature=1.0, seed=42))
+        req = EngineRequest(
+            key="s",
+            prompt="Once",
+            prompt_token_ids=None,
+            sampling=SamplingSpec(max_tokens=10, temperature=1.0, seed=42),
+        )
         return run(engine, [req])["s"].text
 
     assert sampled() == sampled()
@@ -155,11 +163,24 @@ def test_generate_error_fails_the_batch_and_engine_survives(
         raise RuntimeError("simulated OOM")
 
     monkeypatch.setattr(engine._model, "generate", boom)
-    outputs = run(engine, [greedy("e1", "Hi", 3), greedy("e2", "Yo", 4),
-                           EngineRequest(key="e3", prompt="Hey", prompt_token_ids=None,
-                                         sampling=SamplingSpec(max_tokens=2, temperature=0.8))])
-    assert {k: o.finish for k, o in outputs.items()} == {"e1": "error", "e2": "error",
-                                                         "e3": "error"}
+    outputs = run(
+        engine,
+        [
+            greedy("e1", "Hi", 3),
+            greedy("e2", "Yo", 4),
+            EngineRequest(
+                key="e3",
+                prompt="Hey",
+                prompt_token_ids=None,
+                sampling=SamplingSpec(max_tokens=2, temperature=0.8),
+            ),
+        ],
+    )
+    assert {k: o.finish for k, o in outputs.items()} == {
+        "e1": "error",
+        "e2": "error",
+        "e3": "error",
+    }
     assert all("simulated OOM" in (o.error or "") for o in outputs.values())
     monkeypatch.undo()
     after = run(engine, [greedy("ok", "Hi", 2)])["ok"]

@@ -29,8 +29,9 @@ def echo_output(request: EngineRequest) -> EngineOutput:
 class EchoEngine(Engine):
     name = "echo"
 
-    def __init__(self, *, served_name: str = "echo", max_model_len: int = 32_768,
-                 delay_ms: float = 0.0) -> None:
+    def __init__(
+        self, *, served_name: str = "echo", max_model_len: int = 32_768, delay_ms: float = 0.0
+    ) -> None:
         self._served_name = served_name
         self._max_model_len = max_model_len
         self._delay_s = delay_ms / 1000.0
@@ -49,7 +50,7 @@ class EchoEngine(Engine):
         return self._max_model_len
 
     def start(self) -> None:
-        if self._delay_s > 0:
+        if self._delay_s > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="echo-delay", daemon=True)
             self._thread.start()
 
@@ -67,9 +68,7 @@ class EchoEngine(Engine):
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (
-                    not self._due or self._due[0][0] > time.monotonic()
-                ):
+                while not self._closed and (not self._due or self._due[0][0] > time.monotonic()):
                     timeout = self._due[0][0] - time.monotonic() if self._due else None
                     self._cond.wait(timeout)
                 if self._closed:

@@ -135,7 +135,7 @@ class TransformersEngine(Engine):
             import torch
             from transformers import AutoModelForCausalLM, GenerationConfig
 
-            model = AutoModelForCausalLM.from_pretrained(
+            model: Any = AutoModelForCausalLM.from_pretrained(
                 self.model_path, dtype=getattr(torch, self.dtype)
             )
             model.to(self.device)
@@ -204,8 +204,12 @@ class TransformersEngine(Engine):
                 self._running = len(batch)
             delivered: set[str] = set()
 
-            def once(output: EngineOutput, _on_done: OnDone = on_done) -> None:
-                delivered.add(output.key)
+            def once(
+                output: EngineOutput,
+                _on_done: OnDone = on_done,
+                _delivered: set[str] = delivered,
+            ) -> None:
+                _delivered.add(output.key)
                 _on_done(output)
 
             try:
@@ -302,10 +306,7 @@ class TransformersEngine(Engine):
                 stopping_criteria=criteria,
             )
         generated = out[:, width:].tolist()
-        return [
-            self._finish(req, ids, generated[row])
-            for row, (req, ids) in enumerate(members)
-        ]
+        return [self._finish(req, ids, generated[row]) for row, (req, ids) in enumerate(members)]
 
     def _finish(self, request: EngineRequest, ids: list[int], tokens: list[int]) -> EngineOutput:
         spec = request.sampling

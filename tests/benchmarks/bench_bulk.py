@@ -1,0 +1,149 @@
+"""Bulk throughput: `qbatch bulk submit` lines/s and `qbatch bulk collect` results/s.
+
+    .venv/bin/python tests/benchmarks/bench_bulk.py --lines 100000
+
+Needs the local stack (deploy/local/stack.sh up). Starts one echo-engine worker on a
+private topic/prefix (or uses `--workers 0` plus your own), submits an OpenAI Batch file
+of short chat requests through the real CLI (a subprocess, as cron would), waits for the
+job to finish, then times `bulk collect` into a JSONL file. Prints the figures, and a
+JSON line with them at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1] / "integration"))
+sys.path.insert(0, str(HERE.parents[2]))
+
+from workers import Lane, qbatch, start_worker, stop_worker  # noqa: E402
+
+
+def write_file(path: Path, n: int) -> None:
+    with path.open("w") as fh:
+        for i in range(n):
+            body = {"messages": [{"role": "user", "content": f"say {i}"}], "max_tokens": 16}
+            line = {
+                "custom_id": f"c{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": body,
+            }
+            fh.write(json.dumps(line) + "\n")
+
+
+def run(lines: int, workers: int, chunk: int, timeout: float) -> dict[str, float]:
+    lane = Lane.new("bench")
+    lane.create_topics()
+    job = "bench"
+    procs = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            src, out = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
+            write_file(src, lines)
+            for _ in range(workers):
+                procs.append(start_worker(lane, log=Path(tmp) / "worker.log"))
+            time.sleep(1.0)
+            t0 = time.monotonic()
+            sub = qbatch(
+                lane,
+                "-q",
+                "--json",
+                "bulk",
+                "submit",
+                str(src),
+                "--job",
+                job,
+                "--chunk",
+                str(chunk),
+                timeout=timeout,
+            )
+            t_submit = time.monotonic() - t0
+            if sub.returncode != 0:
+                raise SystemExit(f"submit failed ({sub.returncode}): {sub.stderr[-2000:]}")
+            inner = json.loads(sub.stdout.splitlines()[-1])["submit"]
+            r = redis.Redis.from_url(lane.redis_url, decode_responses=True)
+            key = f"{lane.prefix}:job:{job}"
+            while True:
+                h = r.hgetall(key)
+                if h.get("status") in ("completed", "completed_with_errors", "cancelled"):
+                    break
+                if time.monotonic() - t0 > timeout:
+                    raise SystemExit(f"job not finished after {timeout}s: {h}")
+                time.sleep(0.05)
+            t_done = time.monotonic() - t0
+            r.close()
+            t1 = time.monotonic()
+            col = qbatch(
+                lane, "-q", "--json", "bulk", "collect", job, "--out", str(out), timeout=timeout
+            )
+            t_collect = time.monotonic() - t1
+            if col.returncode != 0:
+                raise SystemExit(f"collect failed ({col.returncode}): {col.stderr[-2000:]}")
+            written = sum(1 for _ in out.open())
+            assert written == lines, (written, lines)
+            inner_col = json.loads(col.stdout.splitlines()[-1])["collect"]
+    finally:
+        for proc in procs:
+            stop_worker(proc)
+        lane.delete_topics()
+        lane.clean_redis()
+    figures = {
+        "lines": lines,
+        "submit_wall_s": round(t_submit, 2),
+        "submit_lines_per_s": round(lines / t_submit, 1),
+        "submit_publish_s": inner["seconds"],
+        "submit_publish_lines_per_s": inner["lines_per_s"],
+        "end_to_end_s": round(t_done, 2),
+        "end_to_end_per_s": round(lines / t_done, 1),
+        "collect_wall_s": round(t_collect, 2),
+        "collect_results_per_s": round(lines / t_collect, 1),
+        "collect_inner_results_per_s": inner_col["results_per_s"],
+    }
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, default=1, help="echo workers to start")
+    parser.add_argument("--chunk", type=int, default=5_000)
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    f = run(args.lines, args.workers, args.chunk, args.timeout)
+    print(f"lines:             {f['lines']:,}")
+    print(
+        f"bulk submit:       {f['submit_lines_per_s']:,.0f} lines/s  "
+        f"({f['submit_wall_s']}s wall incl. start-up and validation; "
+        f"publish loop {f['submit_publish_lines_per_s']:,.0f} lines/s)"
+    )
+    print(
+        f"through the worker: {f['end_to_end_per_s']:,.0f} results/s end to end "
+        f"({f['end_to_end_s']}s from submit start to job finished, {args.workers} echo worker)"
+    )
+    print(
+        f"bulk collect:      {f['collect_results_per_s']:,.0f} results/s "
+        f"({f['collect_wall_s']}s wall)"
+    )
+    print(json.dumps(f))
+    return 0
+
+
+@pytest.mark.benchmark
+def test_bench_bulk() -> None:
+    figures = run(20_000, 1, 5_000, 600)
+    print(json.dumps(figures))
+    assert figures["collect_results_per_s"] > 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Worker overhead: records already on Kafka -> results in Redis, echo engine.
+
+The echo engine answers at once, so what is measured is qbatch itself:
+consume, decode and validate, micro-batch, admission look-up, result build,
+the once-only Lua write and the commit. Run with the local stack up:
+
+    .venv/bin/python -m tests.benchmarks.bench_worker_echo --n 10000 --n 100000
+
+Prints requests/s (first record dequeued -> last result seen in Redis) and the
+worker's peak RSS, for each N, one run after the other on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from typing import Any
+
+import redis
+from kafka import KafkaProducer
+
+from tests.integration.workers import Lane, start_worker, stop_worker
+
+
+def _envelope(i: int) -> bytes:
+    return json.dumps(
+        {
+            "request_id": f"b{i}",
+            "body": {
+                "messages": [
+                    {"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": f"request number {i}: say something short"},
+                ],
+                "max_tokens": 32,
+            },
+            "metadata": {"n": i},
+        }
+    ).encode()
+
+
+def _rss_kb(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(field):
+                return int(line.split()[1])
+    return 0
+
+
+def run_once(n: int, partitions: int, redis_db: int, extra: list[str]) -> dict[str, Any]:
+    lane = Lane.new("bench")
+    base_url = lane.redis_url.rsplit("/", 1)[0]
+    lane.redis_url = f"{base_url}/{redis_db}"
+    r = redis.Redis.from_url(lane.redis_url)
+    r.flushdb()
+    lane.create_topics(partitions)
+    producer = KafkaProducer(
+        bootstrap_servers=lane.bootstrap, linger_ms=20, batch_size=256 * 1024, acks="all"
+    )
+    t0 = time.perf_counter()
+    for i in range(n):
+        producer.send(lane.topic, key=f"b{i}".encode(), value=_envelope(i))
+    producer.flush()
+    produce_s = time.perf_counter() - t0
+    producer.close()
+
+    worker = start_worker(lane, *extra)
+    peak_rss_sample = 0
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            keys = r.dbsize()
+            peak_rss_sample = max(peak_rss_sample, _rss_kb(worker.pid, "VmRSS:"))
+            if keys >= 2 * n:
+                break
+            time.sleep(0.02)
+        seen_all = time.time()
+        peak_rss = _rss_kb(worker.pid, "VmHWM:")
+    finally:
+        stop_worker(worker)
+    dequeued = []
+    rids = [f"b{i}" for i in range(n)]
+    statuses: dict[str, int] = {}
+    for start in range(0, n, 5000):
+        chunk = [f"{lane.prefix}:result:{rid}" for rid in rids[start : start + 5000]]
+        for raw in r.mget(chunk):
+            if raw is None:
+                statuses["missing"] = statuses.get("missing", 0) + 1
+                continue
+            res = json.loads(raw)
+            statuses[res["status"]] = statuses.get(res["status"], 0) + 1
+            dequeued.append(res["timings"]["dequeued"])
+    first_ms = min(dequeued)
+    elapsed = seen_all - first_ms / 1000
+    r.flushdb()
+    lane.delete_topics()
+    return {
+        "n": n,
+        "partitions": partitions,
+        "produce_s": round(produce_s, 2),
+        "elapsed_s": round(elapsed, 3),
+        "req_per_s": round(n / elapsed, 1),
+        "peak_rss_mb": round(max(peak_rss, peak_rss_sample) / 1024, 1),
+        "statuses": statuses,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, action="append", help="requests (repeatable)")
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--redis-db", type=int, default=9)
+    parser.add_argument("--json-out", default=None)
+    parser.add_argument("worker_args", nargs="*", help="extra qbatch-worker flags after --")
+    args = parser.parse_args()
+    sizes = args.n or [10_000, 100_000]
+    print(f"machine: {platform.node()} {os.cpu_count()} cores, python {platform.python_version()}")
+    rows = [run_once(n, args.partitions, args.redis_db, args.worker_args) for n in sizes]
+    print(
+        f"{'N':>8} {'produce s':>10} {'elapsed s':>10} {'req/s':>10} {'peak RSS MB':>12}  statuses"
+    )
+    for row in rows:
+        print(
+            f"{row['n']:>8} {row['produce_s']:>10} {row['elapsed_s']:>10} {row['req_per_s']:>10}"
+            f" {row['peak_rss_mb']:>12}  {row['statuses']}"
+        )
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump(rows, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Fixtures for tests that talk to the real local stack (deploy/local/stack.sh).
+
+The `stack` fixture runs `deploy/local/stack.sh up` once per session (it reuses a
+running stack and returns in about a second). If the stack cannot start the
+fixture raises, so every integration test errors: nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STACK_SH = REPO_ROOT / "deploy" / "local" / "stack.sh"
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@dataclass(frozen=True)
+class Stack:
+    kafka_bootstrap: str
+    redis_url: str
+    topic: str
+    dlq_topic: str
+    env: dict[str, str]
+
+
+def _parse_exports(text: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("export ") and "=" in line:
+            key, _, value = line[len("export ") :].partition("=")
+            env[key.strip()] = value.strip().strip("'\"")
+    return env
+
+
+@pytest.fixture(scope="session")
+def stack() -> Stack:
+    proc = subprocess.run(
+        ["bash", str(STACK_SH), "up"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"deploy/local/stack.sh up failed (exit {proc.returncode}):\n"
+            f"{proc.stderr[-4000:]}\n{proc.stdout[-2000:]}"
+        )
+    env = _parse_exports(proc.stdout)
+    missing = {"QBATCH_KAFKA_BOOTSTRAP", "QBATCH_REDIS_URL"} - env.keys()
+    if missing:
+        raise RuntimeError(f"stack.sh up printed no {sorted(missing)}; stdout was:\n{proc.stdout}")
+    return Stack(
+        kafka_bootstrap=env["QBATCH_KAFKA_BOOTSTRAP"],
+        redis_url=env["QBATCH_REDIS_URL"],
+        topic=env.get("QBATCH_TOPIC", os.environ.get("QBATCH_TOPIC", "qbatch.requests")),
+        dlq_topic=env.get("QBATCH_DLQ_TOPIC", "qbatch.requests.dlq"),
+        env=env,
+    )
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(stack: Stack) -> str:
+    return stack.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def redis_url(stack: Stack) -> str:
+    return stack.redis_url
+
+
+@pytest.fixture
+def prefix() -> str:
+    """Unique per test: use it for Redis keys, topic names and group ids."""
+    return f"qbt-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def redis_client(redis_url: str, prefix: str) -> Iterator[Any]:
+    """redis-py client (decode_responses=True); deletes the keys under `prefix` afterwards."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.ping()
+    try:
+        yield client
+    finally:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=500))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_bootstrap: str) -> Iterator[Any]:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="qbatch-tests")
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def fresh_topic(kafka_admin: Any, prefix: str) -> Iterator[Callable[..., str]]:
+    """Factory: fresh_topic(partitions=1, name=None) -> a new, ready topic name.
+
+    Names are `<prefix>.<n>` unless given; the topics are deleted at teardown
+    (best-effort).
+    """
+    admin = kafka_admin
+    created: list[str] = []
+
+    def make(partitions: int = 1, name: str | None = None) -> str:
+        topic = name or f"{prefix}.t{len(created)}"
+        admin.create_topics(
+            {topic: {"num_partitions": partitions, "replication_factor": 1}},
+            timeout_ms=30_000,
+        )
+        created.append(topic)
+        admin.wait_for_topics([topic], timeout_ms=30_000)
+        return topic
+
+    yield make
+    if created:
+        try:
+            admin.delete_topics(created, timeout_ms=30_000, raise_errors=False)
+        except Exception:  # best-effort cleanup
+            pass

@@ -1,0 +1,90 @@
+"""Argument flow into vLLM, checked without a GPU (vLLM itself is not imported)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from worker.config import WorkerSettings
+from worker.engines import resolve_engine_name
+from worker.engines.vllm_engine import VllmEngine, engine_kwargs
+
+
+def settings(**kw: object) -> WorkerSettings:
+    return WorkerSettings(engine="vllm", model="/models/Qwen3-14B", **kw)  # type: ignore[arg-type]
+
+
+def test_defaults_leave_vllm_defaults_alone() -> None:
+    kwargs = engine_kwargs(settings())
+    assert kwargs["model"] == "/models/Qwen3-14B"
+    assert kwargs["served_model_name"] == "Qwen3-14B"
+    assert kwargs["tensor_parallel_size"] == 1
+    assert kwargs["scheduling_policy"] == "priority"  # request priorities reach vLLM
+    for unset in ("max_num_seqs", "max_num_batched_tokens", "quantization", "max_model_len",
+                  "enable_prefix_caching", "enable_chunked_prefill", "block_size"):  # fmt: skip
+        assert unset not in kwargs
+
+
+def test_every_engine_argument_is_passed_through() -> None:
+    kwargs = engine_kwargs(
+        settings(
+            tensor_parallel_size=4,
+            pipeline_parallel_size=2,
+            max_model_len=32768,
+            gpu_memory_utilization=0.85,
+            enable_chunked_prefill=True,
+            enable_prefix_caching=False,
+            block_size=32,
+            dtype="bfloat16",
+            quantization="awq",
+            kv_cache_dtype="fp8",
+            max_num_seqs=512,
+            max_num_batched_tokens=16384,
+            load_format="dummy",
+            served_model_name="qwen",
+            engine_args={"swap_space": 8},
+        )
+    )
+    assert kwargs == {
+        "model": "/models/Qwen3-14B",
+        "tensor_parallel_size": 4,
+        "pipeline_parallel_size": 2,
+        "max_model_len": 32768,
+        "gpu_memory_utilization": 0.85,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": False,
+        "block_size": 32,
+        "dtype": "bfloat16",
+        "quantization": "awq",
+        "kv_cache_dtype": "fp8",
+        "max_num_seqs": 512,
+        "max_num_batched_tokens": 16384,
+        "load_format": "dummy",
+        "enforce_eager": False,
+        "seed": 0,
+        "trust_remote_code": False,
+        "served_model_name": "qwen",
+        "scheduling_policy": "priority",
+        "swap_space": 8,
+    }
+
+
+def test_engine_args_json_can_override_anything() -> None:
+    kwargs = engine_kwargs(settings(engine_args={"scheduling_policy": "fcfs"}))
+    assert kwargs["scheduling_policy"] == "fcfs"
+
+
+def test_engine_modes_and_served_name() -> None:
+    engine = VllmEngine.from_settings(settings(engine_mode="static", tensor_parallel_size=2))
+    assert engine.mode == "static"
+    assert engine.model_name == "Qwen3-14B"
+    assert engine._kwargs["tensor_parallel_size"] == 2
+
+
+def test_auto_engine_without_vllm_is_transformers() -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here; auto may pick it")
+    auto = WorkerSettings(engine="auto", model="m")  # type: ignore[arg-type]
+    assert resolve_engine_name(auto) == "transformers"
+    assert resolve_engine_name(WorkerSettings(engine="echo")) == "echo"  # type: ignore[arg-type]
