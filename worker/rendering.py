@@ -303,8 +303,10 @@ class PromptRenderer:
         tools = body.tools if body.tools and body.tool_choice != "none" else None
         thinking = kwargs.get("enable_thinking", True) is not False
         if self.tokenizer is None:
+            # No template (echo engine): the "model" may think unless the request said not to,
+            # so `<think>` blocks a test sends come back as reasoning_content.
             text = _last_user_text(body)
-            return text, None, len(text.split()), False, tools
+            return text, None, len(text.split()), thinking, tools
         reserved = _RESERVED_TEMPLATE_KWARGS.intersection(kwargs)
         if reserved:
             raise ContractError(

@@ -7,12 +7,15 @@ no qbatch imports, so they also prove a non-qbatch producer can use the service.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +23,16 @@ import redis
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
 
-from tests.integration.workers import Lane, start_worker, stop_worker
+from tests.integration.workers import Lane, stop_worker
+from tests.integration.workers import start_worker as _start_worker
+
+_current_tmp: ContextVar[Path] = ContextVar("tmp")
+
+
+@pytest.fixture(autouse=True)
+def _remember_tmp(tmp_path: Path) -> None:
+    _current_tmp.set(tmp_path)
+
 
 TOOLS = [
     {
@@ -39,12 +51,21 @@ TOOLS = [
 
 
 @pytest.fixture
-def lane(stack: Any) -> Iterator[Lane]:
+def lane(stack: Any, tmp_path: Path) -> Iterator[Lane]:
     lane = Lane.new("qbw")
     lane.create_topics(partitions=4)
     yield lane
+    log = tmp_path / "worker.log"
+    if log.exists():  # shown by pytest only when the test failed
+        print("---- worker log (tail) ----")
+        print("\n".join(log.read_text(errors="replace").splitlines()[-60:]))
     lane.clean_redis()
     lane.delete_topics()
+
+
+def start_worker(lane: Lane, *extra: str) -> subprocess.Popen[bytes]:
+    """An echo worker logging to the test's tmp dir (printed on failure)."""
+    return _start_worker(lane, *extra, log=_current_tmp.get() / "worker.log")
 
 
 def chat(rid: str, text: str, **extra: Any) -> dict[str, Any]:
@@ -54,7 +75,9 @@ def chat(rid: str, text: str, **extra: Any) -> dict[str, Any]:
 
 
 def produce(lane: Lane, records: list[tuple[bytes | None, bytes]]) -> None:
-    producer = KafkaProducer(bootstrap_servers=lane.bootstrap, linger_ms=5, acks="all")
+    producer = KafkaProducer(
+        bootstrap_servers=lane.bootstrap, linger_ms=5, acks="all", max_request_size=2_000_000
+    )
     for key, value in records:
         producer.send(lane.topic, key=key, value=value)
     producer.flush()
@@ -217,7 +240,7 @@ def test_every_kind_of_bad_input_is_answered_or_dead_lettered(
         "b-tool-schema": (b"b-tool-schema", json.dumps(chat("b-tool-schema", "x", body={"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}]})).encode(), "body.tools[0].function.parameters"),
         "b-tool-msg": (b"b-tool-msg", json.dumps({"request_id": "b-tool-msg", "body": {"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "r"}]}}).encode(), "body.messages[1].tool_call_id"),
         "b-temperature": (b"b-temperature", json.dumps(chat("b-temperature", "x", body={"temperature": 9})).encode(), "body.temperature"),
-        "b-oversize": (b"b-oversize", json.dumps(chat("b-oversize", "x" * 1_100_000)).encode(), "(envelope)"),
+        "b-oversize": (b"b-oversize", json.dumps(chat("b-oversize", "x" * 1_010_000)).encode(), "(envelope)"),
         "b-key-mismatch": (b"b-other-key", json.dumps(chat("b-key-mismatch", "x")).encode(), "request_id"),
         "b-model": (b"b-model", json.dumps(chat("b-model", "x", body={"model": "gpt-17"})).encode(), "unknown_model"),
         "b-context": (b"b-context", json.dumps(chat("b-context", long_prompt, body={"max_tokens": 100})).encode(), "context_length_exceeded"),
@@ -279,7 +302,7 @@ def test_redelivered_request_is_not_run_again(lane: Lane, redis_client: redis.Re
     finally:
         stop_worker(worker)
     assert len(first) == 200
-    assert redis_client.hget(f"{lane.prefix}:job:job-d", "status") == b"completed"
+    assert redis_client.hget(f"{lane.prefix}:job:job-d", "status") == "completed"
     # The same records again, as a producer retry would send them.
     produce_envelopes(lane, envelopes)
     worker = start_worker(lane)
@@ -290,7 +313,7 @@ def test_redelivered_request_is_not_run_again(lane: Lane, redis_client: redis.Re
     again = wait_results(redis_client, lane.prefix, [e["request_id"] for e in envelopes], 5)
     assert again == first  # untouched: same batch ids, same timings
     job = redis_client.hgetall(f"{lane.prefix}:job:job-d")
-    assert job[b"succeeded"] == b"200"
+    assert job["succeeded"] == "200"
     assert redis_client.xlen(f"{lane.prefix}:job:job-d:done") == 200
     for env in envelopes[:20]:
         assert redis_client.llen(f"{lane.prefix}:done:{env['request_id']}") == 1
@@ -319,9 +342,9 @@ def test_kill_9_mid_stream_loses_nothing(lane: Lane, redis_client: redis.Redis) 
         stop_worker(worker)
     assert len(results) == n
     job = redis_client.hgetall(f"{lane.prefix}:job:job-k")
-    assert int(job[b"succeeded"]) == n  # written once each, counted once each
+    assert int(job["succeeded"]) == n  # written once each, counted once each
     assert redis_client.xlen(f"{lane.prefix}:job:job-k:done") == n
-    assert job[b"status"] == b"completed"
+    assert job["status"] == "completed"
 
 
 def test_sigterm_drains_in_flight_work(lane: Lane, redis_client: redis.Redis) -> None:
@@ -375,12 +398,12 @@ def test_redis_outage_pauses_then_catches_up(lane: Lane, tmp_path: Any) -> None:
     """While Redis is down: results held, nothing committed, worker alive; then it catches up."""
     port = 26379 + os.getpid() % 1000
     server = _private_redis(port, tmp_path)
-    lane.redis_url = f"redis://127.0.0.1:{port}/0"
+    private = dataclasses.replace(lane, redis_url=f"redis://127.0.0.1:{port}/0")
     r = redis.Redis(port=port)
     n = 3000
     envelopes = [chat(f"o{i}", f"outage {i}") for i in range(n)]
     rids = [e["request_id"] for e in envelopes]
-    worker = start_worker(lane, "--echo-delay-ms", "5")
+    worker = start_worker(private, "--echo-delay-ms", "5")
     try:
         produce_envelopes(lane, envelopes[: n // 2])
         assert len(wait_results(r, lane.prefix, rids[:100], 30)) == 100

@@ -22,9 +22,9 @@ from schemas import (
     Timings,
     decode_request,
     encode_request,
+    limits,
     valid_id,
 )
-from schemas import limits
 from schemas.export import JSON_DIR, MODELS, render
 
 WEATHER_TOOL = {
@@ -88,7 +88,10 @@ def test_full_chat_with_tool_loop_is_accepted() -> None:
                                 {
                                     "id": "call_1",
                                     "type": "function",
-                                    "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                                    "function": {
+                                        "name": "get_weather",
+                                        "arguments": '{"city":"Oslo"}',
+                                    },
                                 }
                             ],
                         },
@@ -163,10 +166,46 @@ REJECTIONS: list[tuple[str, Any, str]] = [
     ("max_tokens as text", chat(body={"max_tokens": "ten"}), "body.max_tokens"),
     ("temperature out of range", chat(body={"temperature": 3}), "body.temperature"),
     ("empty messages", {"request_id": "r", "body": {"messages": []}}, "body.messages"),
-    ("bad role", {"request_id": "r", "body": {"messages": [{"role": "bot", "content": "x"}]}}, "body.messages[0]"),
-    ("tool message without id", {"request_id": "r", "body": {"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]}}, "body.messages[1].tool_call_id"),
-    ("bad tool schema", chat(body={"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}]}), "body.tools[0].function.parameters"),
-    ("bad tool name", chat(body={"tools": [{"type": "function", "function": {"name": "no spaces"}}]}), "body.tools[0].function.name"),
+    (
+        "bad role",
+        {"request_id": "r", "body": {"messages": [{"role": "bot", "content": "x"}]}},
+        "body.messages[0]",
+    ),
+    (
+        "tool message without id",
+        {
+            "request_id": "r",
+            "body": {
+                "messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]
+            },
+        },
+        "body.messages[1].tool_call_id",
+    ),
+    (
+        "bad tool schema",
+        chat(
+            body={
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"a": {"type": "nonsense"}},
+                            },
+                        },
+                    }
+                ]
+            }
+        ),
+        "body.tools[0].function.parameters",
+    ),
+    (
+        "bad tool name",
+        chat(body={"tools": [{"type": "function", "function": {"name": "no spaces"}}]}),
+        "body.tools[0].function.name",
+    ),
     ("too many tools", chat(body={"tools": [WEATHER_TOOL] * (limits.MAX_TOOLS + 1)}), "body.tools"),
     ("n > 1", chat(body={"n": 2}), "body.n"),
     ("unknown endpoint", chat(endpoint="/v1/embeddings"), "endpoint"),
@@ -279,7 +318,9 @@ def test_arbitrary_bytes_never_escape_as_another_exception(raw: bytes) -> None:
 @given(st.text(max_size=140))
 def test_valid_id_matches_the_pattern(text: str) -> None:
     ok = valid_id(text) is not None
-    assert ok == (0 < len(text) <= 128 and all(c.isascii() and (c.isalnum() or c in "_.:-") for c in text))
+    assert ok == (
+        0 < len(text) <= 128 and all(c.isascii() and (c.isalnum() or c in "_.:-") for c in text)
+    )
 
 
 # ---------------------------------------------------------------- results, keys, batch lines
@@ -294,9 +335,7 @@ def test_result_envelope_round_trip_and_error_shape() -> None:
                 "id": "chatcmpl-r1",
                 "created": 1,
                 "model": "m",
-                "choices": [
-                    {"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}
-                ],
+                "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }
         ),
