@@ -212,6 +212,10 @@ class SamplingFields(StrictModel):
     """Only one choice per request: fan out with several request_ids instead."""
     user: Annotated[str, Field(max_length=256)] | None = None
     """Accepted for OpenAI compatibility; not used."""
+    ignore_eos: bool | None = None
+    """vLLM extension (as in vLLM's OpenAI server): keep generating past EOS up to max_tokens."""
+    min_tokens: Annotated[int, Field(ge=0, le=limits.MAX_OUTPUT_TOKENS)] | None = None
+    """vLLM extension: do not stop (EOS or stop strings) before this many tokens."""
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

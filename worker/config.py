@@ -82,7 +82,7 @@ class WorkerSettings(ConnectionSettings):
         50.0, ge=0, description="...or when the batch's first request has waited this long."
     )
     max_inflight: int = Field(
-        1024,
+        2048,
         ge=1,
         description="Records taken from Kafka but not yet answered in Redis; past it the "
         "worker pauses its partitions (and keeps polling).",

@@ -149,6 +149,8 @@ def sampling_from_body(
         stop=tuple(body.stop_list()),
         presence_penalty=_opt_float(pick("presence_penalty")),
         frequency_penalty=_opt_float(pick("frequency_penalty")),
+        ignore_eos=bool(body.ignore_eos),
+        min_tokens=min(body.min_tokens or 0, max_tokens),
         json_schema=json_schema,
         json_object=json_object,
     )

@@ -348,8 +348,12 @@ def test_echo_renderer_without_tokenizer() -> None:
     assert out.token_ids is None
     assert out.prompt_tokens == 3
     assert out.sampling.max_tokens == 47
-    assert out.reasoning_enabled is False
+    assert out.reasoning_enabled is True  # no template: thinking follows enable_thinking
     assert out.tools is not None
+    quiet = r.render(
+        chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": False})
+    )
+    assert quiet.reasoning_enabled is False
     c = r.render(completion("a b c d", max_tokens=4))
     assert (c.text, c.token_ids, c.prompt_tokens, c.sampling.max_tokens) == ("a b c d", None, 4, 4)
     ids = r.render(completion([5, 6, 7]))

@@ -29,6 +29,7 @@ class SamplingSpec:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
 

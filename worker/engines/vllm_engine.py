@@ -21,7 +21,6 @@ import asyncio
 import queue
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +82,7 @@ def sampling_params(spec: SamplingSpec) -> Any:
     kwargs: dict[str, Any] = {
         "max_tokens": spec.max_tokens,
         "ignore_eos": spec.ignore_eos,
+        "min_tokens": spec.min_tokens,
         "output_kind": RequestOutputKind.FINAL_ONLY,
         "stop": list(spec.stop) or None,
         "seed": spec.seed,
@@ -196,13 +196,30 @@ class VllmEngine(Engine):
         )
         if Path(self._kwargs["model"]).is_dir():
             self.generation_defaults = load_generation_defaults(self._kwargs["model"])
-        ready: Future[None] = Future()
-        target = self._run_async if self.mode == "continuous" else self._run_static
-        self._thread = threading.Thread(
-            target=target, args=(ready,), name="qbatch-vllm", daemon=True
-        )
+        # Build the engine on the calling (main) thread, as vLLM expects; only the
+        # event loop (continuous) or the blocking generate calls (static) live on
+        # the engine thread. AsyncLLM starts its output handler lazily, inside our loop.
+        if self.mode == "continuous":
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.usage.usage_lib import UsageContext
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self._llm = AsyncLLM.from_engine_args(
+                AsyncEngineArgs(**self._kwargs),
+                usage_context=UsageContext.LLM_CLASS,
+                stat_loggers=[_StatsLogger],
+            )
+            self._max_model_len = int(self._llm.model_config.max_model_len)
+            self._loop = asyncio.new_event_loop()
+            target = self._run_loop
+        else:
+            from vllm import LLM
+
+            self._llm = LLM(**self._kwargs)
+            self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
+            target = self._run_static
+        self._thread = threading.Thread(target=target, name="qbatch-vllm", daemon=True)
         self._thread.start()
-        ready.result()  # re-raises a failed engine start in the caller
         log.info(
             "vllm_engine_ready",
             mode=self.mode,
@@ -211,38 +228,12 @@ class VllmEngine(Engine):
             tensor_parallel_size=self._kwargs.get("tensor_parallel_size", 1),
         )
 
-    def _run_async(self, ready: Future[None]) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        self._loop = loop
-        try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.usage.usage_lib import UsageContext
-            from vllm.v1.engine.async_llm import AsyncLLM
+    def _run_loop(self) -> None:
+        assert self._loop is not None
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
 
-            args = AsyncEngineArgs(**self._kwargs)
-            self._llm = AsyncLLM.from_engine_args(
-                args,
-                usage_context=UsageContext.LLM_CLASS,
-                stat_loggers=[_StatsLogger],
-            )
-            self._max_model_len = int(self._llm.model_config.max_model_len)
-        except BaseException as exc:
-            ready.set_exception(exc)
-            return
-        ready.set_result(None)
-        loop.run_forever()
-
-    def _run_static(self, ready: Future[None]) -> None:
-        try:
-            from vllm import LLM
-
-            self._llm = LLM(**self._kwargs)
-            self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
-        except BaseException as exc:
-            ready.set_exception(exc)
-            return
-        ready.set_result(None)
+    def _run_static(self) -> None:
         while True:
             item = self._static_q.get()
             if item is None:

