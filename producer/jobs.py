@@ -10,7 +10,7 @@ Job hash `{prefix}:job:{job}` fields written here (the worker owns the counters)
   `retry_line` (progress of `bulk retry`).
 
 Lines the producer never publishes get their result written by the producer itself,
-through the worker's own once-only writer (`worker.redis_io.RedisReplies.write`), so the
+through the worker's own once-only writer (`schemas.replies.ResultWriter`), so the
 counters, the job stream and the final status move exactly as if a worker had
 answered: invalid lines (`failed`, `invalid_request`) and, after a cancel during
 submission, the unsent lines (`cancelled`).
@@ -43,7 +43,7 @@ from producer.bulk import (
 from producer.client import QBatchClient, now_utc
 from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope, Status
 from schemas.limits import DEFAULT_RESULT_TTL_S
-from worker.redis_io import RedisReplies
+from schemas.replies import ResultWriter
 
 DEFAULT_JOB_TTL_S = 7 * 86_400
 DEFAULT_CHUNK = 5_000
@@ -174,7 +174,7 @@ class JobStore:
         self.redis = redis_client
         self.keys = keys
         self.job_ttl_s = job_ttl_s
-        self._replies = RedisReplies(redis_client, keys)
+        self._replies = ResultWriter(redis_client, keys)
         self._begin = redis_client.register_script(BEGIN_LUA)
         self._mark = redis_client.register_script(MARK_SUBMITTED_LUA)
         self._cancel = redis_client.register_script(CANCEL_LUA)

@@ -17,50 +17,7 @@ from dataclasses import dataclass
 import redis
 
 from schemas import RedisKeys, ResultEnvelope
-
-WRITE_RESULTS_LUA = """
--- Writes many results in one call. KEYS: per result (result, done, job hash, job stream).
--- ARGV[1] = now_ms; then per result: json, ttl, status, request_id, custom_id, has_job.
--- Returns one 1 (written now) or 0 (already existed) per result.
-local out = {}
-local now = ARGV[1]
-for i = 0, (#KEYS / 4) - 1 do
-  local k, a = i * 4, 1 + i * 6
-  local rkey, dkey, jkey, skey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
-  local ttl = tonumber(ARGV[a + 2])
-  local status = ARGV[a + 3]
-  if not redis.call('SET', rkey, ARGV[a + 1], 'NX', 'EX', ttl) then
-    out[#out + 1] = 0
-  else
-    out[#out + 1] = 1
-    redis.call('RPUSH', dkey, '1')
-    redis.call('EXPIRE', dkey, ttl)
-    if ARGV[a + 6] == '1' then
-      redis.call('HINCRBY', jkey, status, 1)
-      redis.call('HSET', jkey, 'updated_at', now)
-      redis.call('XADD', skey, '*', 'request_id', ARGV[a + 4], 'custom_id', ARGV[a + 5],
-                 'status', status)
-      if redis.call('TTL', jkey) < ttl then redis.call('EXPIRE', jkey, ttl) end
-      if redis.call('TTL', skey) < ttl then redis.call('EXPIRE', skey, ttl) end
-      local h = redis.call('HMGET', jkey, 'total', 'succeeded', 'failed', 'expired',
-                           'cancelled', 'status')
-      local total = tonumber(h[1])
-      if total then
-        local ok = tonumber(h[2]) or 0
-        local cancelled = tonumber(h[5]) or 0
-        local done = ok + (tonumber(h[3]) or 0) + (tonumber(h[4]) or 0) + cancelled
-        if done >= total and (h[6] == 'running' or h[6] == 'cancelling') then
-          local final = 'completed'
-          if h[6] == 'cancelling' or cancelled > 0 then final = 'cancelled'
-          elseif done > ok then final = 'completed_with_errors' end
-          redis.call('HSET', jkey, 'status', final)
-        end
-      end
-    end
-  end
-end
-return out
-"""
+from schemas.replies import ResultWriter
 
 EXISTS_EACH_LUA = """
 -- One 0/1 per key: plain EXISTS with many keys only returns a count.
@@ -84,7 +41,7 @@ class RedisReplies:
     def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
         self._client = client
         self._keys = keys
-        self._write_script = client.register_script(WRITE_RESULTS_LUA)
+        self._writer = ResultWriter(client, keys)
         self._exists_script = client.register_script(EXISTS_EACH_LUA)
 
     @classmethod
@@ -116,36 +73,11 @@ class RedisReplies:
         return Admission(answered, cancelled)
 
     def write(self, results: Sequence[tuple[ResultEnvelope, int]], now_ms: int) -> list[bool]:
-        """Write (result, ttl_s) pairs once each; True where this call wrote it.
-
-        One script call for the whole chunk: packing one command with many
-        arguments costs far less client CPU than one command per result.
-        """
-        if not results:
-            return []
-        keys: list[str] = []
-        args: list[str | int] = [now_ms]
-        for result, ttl_s in results:
-            job = result.job_id or "-"
-            rid = result.request_id
-            keys += [
-                self._keys.result(rid),
-                self._keys.done(rid),
-                self._keys.job(job),
-                self._keys.job_stream(job),
-            ]
-            args += [
-                result.model_dump_json(exclude_none=True),
-                ttl_s,
-                result.status.value,
-                rid,
-                result.custom_id or "",
-                "1" if result.job_id else "0",
-            ]
-        return [bool(flag) for flag in self._write_script(keys=keys, args=args)]
+        """Write (result, ttl_s) pairs once each; True where this call wrote it."""
+        return self._writer.write(results, now_ms)
 
     def close(self) -> None:
         self._client.close()
 
 
-__all__ = ["EXISTS_EACH_LUA", "WRITE_RESULTS_LUA", "Admission", "RedisReplies"]
+__all__ = ["EXISTS_EACH_LUA", "Admission", "RedisReplies"]
