@@ -23,6 +23,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -330,7 +331,6 @@ def phase_continuous(out: Path, n: int, sweep: int, lone: int) -> None:
             {"startup_s": startup, "runs": rows, "lone": latency, "sweep": sweep_rows}, indent=2
         )
     )
-    engine.close()
 
 
 def report(out: Path) -> None:
@@ -410,12 +410,18 @@ def main() -> None:
     parser.add_argument("--lone", type=int, default=10, help="lone requests per wait; 0 = skip")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.phase == "report":
+        report(args.out)
+        return
     if args.phase == "static":
         phase_static(args.out, args.n)
-    elif args.phase == "continuous":
-        phase_continuous(args.out, args.n, args.sweep, args.lone)
     else:
-        report(args.out)
+        phase_continuous(args.out, args.n, args.sweep, args.lone)
+    # Results are on disk. vLLM's engine teardown at interpreter exit can hang for
+    # minutes (seen with the LLM class): do not spend device time waiting for it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def pipeline() -> Iterator[dict[str, Any]]:
 
     yield {"send": send, "engine": engine, "worker": worker}
     worker.request_stop()
-    thread.join(timeout=120)
+    thread.join(timeout=120)  # the worker closes the engine (AsyncLLM.shutdown)
     producer.close()
 
 

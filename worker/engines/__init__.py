@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from worker.config import WorkerSettings
 from worker.engines.base import Engine, EngineOutput, EngineRequest, EngineStats, SamplingSpec
@@ -19,6 +20,9 @@ __all__ = [
 
 
 def _gpu_present() -> bool:
+    """Asks NVML, not the CUDA runtime: a CUDA context in this process would make vLLM's
+    forked engine process fail ("Cannot re-initialize CUDA in forked subprocess")."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     try:
         import torch
     except ImportError:
