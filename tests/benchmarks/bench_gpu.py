@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import random
 import statistics
@@ -418,7 +419,11 @@ def main() -> None:
     else:
         phase_continuous(args.out, args.n, args.sweep, args.lone)
     # Results are on disk. vLLM's engine teardown at interpreter exit can hang for
-    # minutes (seen with the LLM class): do not spend device time waiting for it.
+    # minutes (seen with the LLM class): do not spend device time waiting for it, but do
+    # not leave the engine-core process holding the GPU for the next phase either.
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(10)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
