@@ -18,6 +18,8 @@ import redis
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from worker.kafka_io import resume_partitions
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACK_SH = REPO_ROOT / "deploy" / "local" / "stack.sh"
 
@@ -165,20 +167,8 @@ def _fill_two_partitions(bootstrap: str, topic: str) -> None:
 
 
 def resume_workaround(consumer: KafkaConsumer, *partitions: TopicPartition) -> None:
-    """consumer.resume() plus a fix for a kafka-python 3.0.12 fetcher bug.
-
-    Records already fetched for a partition when it is paused are parked in
-    Fetcher._paused_partition_records; fetch_records() only restores them when
-    Fetcher._next_partition_records is None, but a drained PartitionRecords is
-    left there (falsy, not None). The resumed partition then is never returned
-    nor fetched again (it is excluded from fetches while parked data exists).
-    Resetting the drained slot lets the next poll restore the parked records.
-    """
-    consumer.resume(*partitions)
-    fetcher = getattr(consumer, "_fetcher", None)
-    current = getattr(fetcher, "_next_partition_records", None)
-    if fetcher is not None and current is not None and not current:
-        fetcher._next_partition_records = None
+    """The worker's own resume (worker.kafka_io.resume_partitions), tested here directly."""
+    resume_partitions(consumer, *partitions)
 
 
 def test_pause_resume_assigned(kafka_bootstrap: str, fresh_topic: Any, prefix: str) -> None:
