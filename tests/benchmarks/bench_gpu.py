@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -259,19 +260,24 @@ def lone_latency(engine: Any, waits: list[float], count: int) -> list[dict[str, 
         thread.start()
         producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1)
         time.sleep(5)  # group join
-        e2e = []
+        e2e: list[float] = []
+        reach: list[float] = []  # producer's submitted_at -> handed to the engine
         for i in range(count + 2):
             rid = f"{run}-{i}"
-            env = {
+            env: dict[str, Any] = {
                 "request_id": rid, "endpoint": "/v1/completions",
                 "body": {"prompt": prompt, "max_tokens": 32, "ignore_eos": True, "temperature": 0.7},
             }  # fmt: skip
+            env["submitted_at"] = datetime.now(UTC).isoformat()
             t0 = time.perf_counter()
             producer.send(topic, key=rid.encode(), value=json.dumps(env).encode())
             producer.flush()
             r.blpop([f"{run}:done:{rid}"], timeout=60)
             if i >= 2:  # the first two warm the path up
                 e2e.append(time.perf_counter() - t0)
+                timings = json.loads(r.get(f"{run}:result:{rid}") or b"{}").get("timings", {})
+                if timings.get("submitted") and timings.get("dispatched"):
+                    reach.append((timings["dispatched"] - timings["submitted"]) / 1000)
             time.sleep(0.3)
         producer.close()
         worker.request_stop()
@@ -282,6 +288,7 @@ def lone_latency(engine: Any, waits: list[float], count: int) -> list[dict[str, 
                 "batch_max_wait_ms": wait,
                 "raw_engine_s": percentiles(raw),
                 "qbatch_e2e_s": percentiles(e2e),
+                "reach_engine_s": percentiles(reach),
                 "added_ms_p50": round(statistics.median(added), 1),
                 "added_ms_p90": round(percentiles(added)["p90"], 1),
             }
