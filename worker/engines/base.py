@@ -79,20 +79,24 @@ class Engine(abc.ABC):
     name: str = "engine"
     mode: str = "continuous"
 
-    @property
-    @abc.abstractmethod
-    def model_name(self) -> str:
-        """The served model name results report and requests may name."""
+    _served_name: str = "engine"
+    _max_model_len: int = 0
+    _tokenizer: Any = None
 
     @property
-    @abc.abstractmethod
+    def model_name(self) -> str:
+        """The served model name results report and requests may name."""
+        return self._served_name
+
+    @property
     def max_model_len(self) -> int:
-        """Prompt plus output tokens must fit in this."""
+        """Prompt plus output tokens must fit in this (known once the engine is built)."""
+        return self._max_model_len
 
     @property
     def tokenizer(self) -> Any | None:
         """A transformers tokenizer with the model's chat template, or None (echo)."""
-        return None
+        return self._tokenizer
 
     def start(self) -> None:  # noqa: B027 - optional hook
         """Load weights, start background loops."""

@@ -41,14 +41,6 @@ class EchoEngine(Engine):
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    @property
-    def model_name(self) -> str:
-        return self._served_name
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
     def start(self) -> None:
         if self._delay_s > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="echo-delay", daemon=True)

@@ -114,18 +114,6 @@ class TransformersEngine(Engine):
 
     # ------------------------------------------------------------------ Engine API
 
-    @property
-    def model_name(self) -> str:
-        return self._served_name
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
     def start(self) -> None:
         with self._lock:
             if self._thread is not None:

@@ -168,18 +168,6 @@ class VllmEngine(Engine):
     def from_settings(cls, settings: WorkerSettings) -> VllmEngine:
         return cls(engine_kwargs(settings), mode=settings.engine_mode)
 
-    @property
-    def model_name(self) -> str:
-        return self._served_name
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
     # ------------------------------------------------------------------ start
 
     def start(self) -> None:
