@@ -8,6 +8,7 @@ the rebalance callbacks (which kafka-python runs inside `poll`) too.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ from worker.config import WorkerSettings
 from worker.logs import log
 
 Partitions = Callable[[set[TopicPartition]], None]
+RECONNECT_BACKOFF_MAX_MS = 2_000
 
 
 def resume_partitions(consumer: KafkaConsumer, *partitions: TopicPartition) -> None:
@@ -71,15 +73,26 @@ class RequestConsumer:
             max_poll_records=settings.poll_max_records,
             fetch_max_bytes=64 * 1024 * 1024,
             max_partition_fetch_bytes=4 * 1024 * 1024,
+            # kafka-python's default grows the reconnect backoff to 30 s while a broker is
+            # down, so after a 15 s outage the worker sat idle ~35 s more before it looked
+            # again (tests/reliability, kafka outage). 2 s caps that wait.
+            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
             client_id=f"qbatch-{settings.worker_id}",
             **settings.kafka_kwargs(),
         )
         self._paused = False
 
     def subscribe(self, on_revoked: Partitions, on_assigned: Partitions) -> None:
-        self._consumer.subscribe(
-            [self._settings.topic], listener=_Listener(on_revoked, on_assigned)
-        )
+        # Know the topic's partitions before the first JoinGroup. Otherwise (kafka-python
+        # 3.0.12) the first assignment can be empty ("No partition metadata for topic")
+        # and a second rebalance must follow when the metadata arrives; under load that
+        # rejoin was seen to stall for good: the member expired, the group went Empty
+        # and poll() spun at ~90% CPU without consuming (tests/reliability, backlog).
+        topic = self._settings.topic
+        deadline = time.monotonic() + 30
+        while not self._consumer.partitions_for_topic(topic) and time.monotonic() < deadline:
+            time.sleep(0.2)  # topic not created yet: subscribe anyway after 30 s
+        self._consumer.subscribe([topic], listener=_Listener(on_revoked, on_assigned))
 
     def poll(self, timeout_s: float, max_records: int) -> list[Any]:
         batches = self._consumer.poll(
@@ -126,6 +139,29 @@ class RequestConsumer:
                 offsets={tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
             )
 
+    def commit_nowait(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Commit `offsets` without blocking; for the partitions-revoked callback.
+
+        kafka-python 3.0.12 runs rebalance listeners on its IO thread, where the blocking
+        `commit()` raises RuntimeError ("Cannot block on net.run() from the IO thread
+        itself"): the rebalance failed and the exception escaped `poll()`, killing the
+        worker whenever another worker joined or left the group. The async commit is
+        queued on that IO loop ahead of the JoinGroup request; if it does not land, the
+        new owner only gets those records redelivered, finds their results in Redis and
+        skips them.
+        """
+        if not offsets:
+            return
+
+        def _done(_offsets: Any, response: Any) -> None:
+            if isinstance(response, Exception):
+                log.warning("revoke_commit_failed", error=str(response))
+
+        self._consumer.commit_async(
+            offsets={tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()},
+            callback=_done,
+        )
+
     def lag(self, positions: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Records behind the high-water mark, from fetch metadata (no extra request)."""
         lags = {}
@@ -156,6 +192,7 @@ class DeadLetters:
             retries=10,
             linger_ms=5,
             max_block_ms=5_000,
+            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
             client_id=f"qbatch-dlq-{settings.worker_id}",
             **settings.kafka_kwargs(),
         )
