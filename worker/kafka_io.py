@@ -83,16 +83,19 @@ class RequestConsumer:
         self._paused = False
 
     def subscribe(self, on_revoked: Partitions, on_assigned: Partitions) -> None:
-        # Know the topic's partitions before the first JoinGroup. Otherwise (kafka-python
-        # 3.0.12) the first assignment can be empty ("No partition metadata for topic")
-        # and a second rebalance must follow when the metadata arrives; under load that
-        # rejoin was seen to stall for good: the member expired, the group went Empty
-        # and poll() spun at ~90% CPU without consuming (tests/reliability, backlog).
+        # Subscribe, THEN load the topic's metadata, before the first JoinGroup (first
+        # poll). kafka-python 3.0.12 rebuilds the coordinator's metadata snapshot only on
+        # a metadata update that happens after subscribe(); without one, the first
+        # generation is joined with an empty snapshot (or an empty assignment: "No
+        # partition metadata for topic") and the next periodic metadata refresh forces a
+        # second rebalance ~0.5 s after start. That rebalance is what dropped records
+        # (see Worker._on_assigned) and, under load, never finished: the member expired,
+        # the group went Empty and poll() spun at ~90% CPU without consuming.
         topic = self._settings.topic
+        self._consumer.subscribe([topic], listener=_Listener(on_revoked, on_assigned))
         deadline = time.monotonic() + 30
         while not self._consumer.partitions_for_topic(topic) and time.monotonic() < deadline:
-            time.sleep(0.2)  # topic not created yet: subscribe anyway after 30 s
-        self._consumer.subscribe([topic], listener=_Listener(on_revoked, on_assigned))
+            time.sleep(0.2)  # topic not created yet: go on after 30 s (rebalance later)
 
     def poll(self, timeout_s: float, max_records: int) -> list[Any]:
         batches = self._consumer.poll(
@@ -161,6 +164,10 @@ class RequestConsumer:
             offsets={tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()},
             callback=_done,
         )
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Non-blocking: the next fetch of `tp` starts at `offset`."""
+        self._consumer.seek(tp, offset)
 
     def lag(self, positions: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Records behind the high-water mark, from fetch metadata (no extra request)."""

@@ -46,7 +46,9 @@ class OffsetTracker(Generic[K]):
     Partitions are keyed by any hashable (e.g. kafka-python's ``TopicPartition``). State for
     a partition lives from its first ``track`` (or ``assign``) until ``revoke``; a partition
     assigned again after a revoke starts fresh, because the new assignment resumes from the
-    group's committed offset, which may be below anything this worker saw before.
+    group's committed offset, which may be below anything this worker saw before (or, for a
+    partition kafka-python leaves with the same member, from the ``resume_offset`` the
+    service seeks it back to).
     """
 
     def __init__(self) -> None:
@@ -63,6 +65,18 @@ class OffsetTracker(Generic[K]):
         """
         for p in partitions:
             self._parts.setdefault(p, _Partition())
+
+    def resume_offset(self, partition: K) -> int | None:
+        """The lowest offset of ``partition`` not yet done, or None if nothing is pending.
+
+        Where a consumer that keeps the partition after a rebalance must seek back to:
+        kafka-python keeps the fetch position of a partition that stays with the same
+        member, so records dropped at the revoke would otherwise never come again.
+        """
+        state = self._parts.get(partition)
+        if state is None or not state.pending:
+            return None
+        return state.order[0]
 
     def revoke(self, partitions: Iterable[K]) -> dict[K, int]:
         """Forgets ``partitions`` and returns their final commit offsets for the caller.

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -66,7 +67,7 @@ def run_once(n: int, partitions: int, redis_db: int, extra: list[str]) -> dict[s
     produce_s = time.perf_counter() - t0
     producer.close()
 
-    worker = start_worker(lane, *extra)
+    worker = start_worker(lane, *extra, log=Path(os.environ.get("QBATCH_BENCH_LOG", "/dev/null")))
     peak_rss_sample = 0
     try:
         deadline = time.monotonic() + 600
