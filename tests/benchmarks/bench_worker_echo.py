@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -108,14 +109,75 @@ def run_once(n: int, partitions: int, redis_db: int, extra: list[str]) -> dict[s
     }
 
 
+def lone(waits: list[float], count: int) -> list[dict[str, Any]]:
+    """Lone requests, one at a time: how long until each reaches the engine.
+
+    "Reaches the engine" is the producer's `submitted_at` -> the worker's `dispatched`
+    (both in the result's timings), the figure the spec's latency target names; the
+    client's whole round trip (send, ack, result, BLPOP wake-up) is printed beside it.
+    """
+    from datetime import UTC, datetime
+
+    rows = []
+    r = redis.Redis.from_url(Lane.new().redis_url)
+    for wait in waits:
+        lane = Lane.new("lone")
+        lane.create_topics(8)
+        worker = start_worker(lane, "--batch-max-wait-ms", str(wait))
+        producer = KafkaProducer(bootstrap_servers=lane.bootstrap, linger_ms=0, acks=1)
+        time.sleep(3)  # group join
+        reach, e2e = [], []
+        try:
+            for i in range(count + 3):
+                rid = f"l{i}"
+                env = {
+                    "request_id": rid,
+                    "submitted_at": datetime.now(UTC).isoformat(),
+                    "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
+                }
+                t0 = time.perf_counter()
+                producer.send(lane.topic, key=rid.encode(), value=json.dumps(env).encode())
+                producer.flush()
+                r.blpop([f"{lane.prefix}:done:{rid}"], timeout=10)
+                elapsed = time.perf_counter() - t0
+                timings = json.loads(r.get(f"{lane.prefix}:result:{rid}") or b"{}")["timings"]
+                if i >= 3:  # warm-up
+                    e2e.append(elapsed * 1000)
+                    reach.append(timings["dispatched"] - timings["submitted"])
+                time.sleep(0.1)
+        finally:
+            producer.close()
+            stop_worker(worker)
+            lane.clean_redis()
+            lane.delete_topics()
+        rows.append(
+            {
+                "batch_max_wait_ms": wait,
+                "reach_engine_ms_p50": statistics.median(reach),
+                "reach_engine_ms_max": max(reach),
+                "round_trip_ms_p50": round(statistics.median(e2e), 1),
+            }
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, action="append", help="requests (repeatable)")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--redis-db", type=int, default=9)
     parser.add_argument("--json-out", default=None)
+    parser.add_argument("--lone", type=int, default=0, help="lone requests per wait (0, 10, 50)")
     parser.add_argument("worker_args", nargs="*", help="extra qbatch-worker flags after --")
     args = parser.parse_args()
+    if args.lone:
+        print(f"{'wait ms':>8} {'reach engine p50 ms':>20} {'max ms':>8} {'round trip p50 ms':>18}")
+        for row in lone([0, 10, 50], args.lone):
+            print(
+                f"{row['batch_max_wait_ms']:>8} {row['reach_engine_ms_p50']:>20} "
+                f"{row['reach_engine_ms_max']:>8} {row['round_trip_ms_p50']:>18}"
+            )
+        return
     sizes = args.n or [10_000, 100_000]
     print(f"machine: {platform.node()} {os.cpu_count()} cores, python {platform.python_version()}")
     rows = [run_once(n, args.partitions, args.redis_db, args.worker_args) for n in sizes]
