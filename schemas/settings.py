@@ -17,12 +17,18 @@ from schemas.keys import RedisKeys
 class ConnectionSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="QBATCH_", extra="ignore", frozen=True)
 
-    kafka_bootstrap: str = "127.0.0.1:9092"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    topic: str = "qbatch.requests"
-    dlq_topic: str = "qbatch.requests.dlq"
-    group: str = "qbatch-workers"
-    prefix: str = Field(default="qbatch", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated."
+    )
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL; rediss:// for TLS.")
+    topic: str = Field("qbatch.requests", description="The requests topic.")
+    dlq_topic: str = Field(
+        "qbatch.requests.dlq", description="Dead-letter topic for records that cannot be run."
+    )
+    group: str = Field("qbatch-workers", description="The workers' Kafka consumer group.")
+    prefix: str = Field(
+        default="qbatch", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Redis key prefix."
+    )
 
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
