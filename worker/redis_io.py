@@ -1,9 +1,9 @@
 """The Redis side of the worker: admission look-ups and the once-only reply write.
 
-A result is written by one Lua script per request so that the result key, the
-wake-up list and the job's counters and stream change together or not at all,
-and only the first write of a request_id counts: a redelivered request that
-raced its twin cannot count twice in its job.
+Results are written through `schemas.replies.ResultWriter`: one Lua call per chunk,
+in which each request's result key, wake-up list and job counters and stream change
+together or not at all, and only the first write of a request_id counts, so a
+redelivered request that raced its twin cannot count twice in its job.
 
 All keys of one request are assumed to live on one Redis node (no Cluster
 hash tags are used); see deploy/README.md.
