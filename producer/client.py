@@ -52,6 +52,9 @@ DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "delivery_timeout_ms": 120_000,
     "request_timeout_ms": 30_000,
     "retry_backoff_ms": 100,
+    # kafka-python grows the reconnect backoff to 30 s while a broker is down; cap it so
+    # a producer is back within ~2 s of the broker (tests/reliability, Kafka outage).
+    "reconnect_backoff_max_ms": 2_000,
 }
 """kafka-python producer settings: durable (acks=all, idempotent, retried until the
 delivery timeout) and batched for throughput. Override with `producer_config=`."""

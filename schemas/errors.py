@@ -41,7 +41,7 @@ def loc_to_param(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif "[" in part or part in _UNION_TAGS:
+        elif "[" in part or part in _UNION_TAGS or part.startswith("constrained-"):
             continue
         else:
             out += f".{part}" if out else part

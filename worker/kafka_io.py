@@ -1,8 +1,10 @@
 """The Kafka side of the worker: a consumer owned by one thread, and the DLQ producer.
 
 kafka-python's consumer is not thread-safe, so this adapter is used only from
-the service's main loop: poll, commit, pause and resume all happen there, and
-the rebalance callbacks (which kafka-python runs inside `poll`) too.
+the service's main loop: poll, commit, pause and resume all happen there. The
+rebalance callbacks are the exception: kafka-python 3 runs them on its own IO
+thread, but only while the main thread is blocked inside `poll()` or `close()`,
+so they never run beside the loop; they must not block (see `commit_nowait`).
 """
 
 from __future__ import annotations

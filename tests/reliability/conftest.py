@@ -220,6 +220,14 @@ def dlq_count(lane: Lane, timeout: float = 10, expected: int | None = None) -> l
     return records
 
 
+def dlq_sources(records: Sequence[Any]) -> set[tuple[bytes, bytes]]:
+    """Distinct (source partition, source offset) of dead letters (redeliveries repeat)."""
+    return {
+        (dict(r.headers)["qbatch.source.partition"], dict(r.headers)["qbatch.source.offset"])
+        for r in records
+    }
+
+
 # ---------------------------------------------------------------------------- processes
 
 
@@ -390,17 +398,18 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
         print(f"---- {log.name} (tail) ----\n{tail(log, 40)}")
 
 
-def _redis_ready(port: int, password: str | None = None, timeout: float = 10) -> None:
-    client = redis.Redis(port=port, password=password)
+def _redis_ready(port: int, timeout: float = 10) -> None:
+    """Until the server answers (any answer: a NOAUTH error means it is up too)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            client.ping()
-            return
-        except redis.AuthenticationError:
-            return
-        except redis.ConnectionError:
-            time.sleep(0.05)
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(64):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
     raise RuntimeError(f"private redis-server on {port} did not start")
 
 
@@ -412,10 +421,7 @@ def private_redis(port: int, data_dir: Path, *extra: str) -> subprocess.Popen[by
          "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data_dir), *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    password = None
-    if "--requirepass" in extra:
-        password = extra[extra.index("--requirepass") + 1]
-    _redis_ready(port, password)
+    _redis_ready(port)
     return server
 
 

@@ -18,6 +18,7 @@ The fast variants (~300 examples each) run in CI; the `slow` ones run 10,000 eac
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import re
@@ -31,7 +32,17 @@ from jsonschema import Draft202012Validator
 from schemas import ContractError, decode_request, limits
 from schemas.decode import encode_request
 from schemas.request import Tool
+from tests.reliability.conftest import figures
 from worker.toolcalls import TOOL_CALL_OPEN, parse_output
+
+STATS: collections.Counter[str] = collections.Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_figures() -> Any:
+    yield
+    figures("fuzz", **dict(sorted(STATS.items())))
+
 
 FAST = settings(
     max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None
@@ -111,8 +122,9 @@ json_scalars = st.one_of(
 )
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -171,9 +183,11 @@ def mutated_envelopes(draw: st.DrawFn) -> tuple[dict[str, Any] | Any, bytes | No
 
 
 def check_decode(raw: bytes, key: bytes | None) -> None:
+    STATS["decode_cases"] += 1
     try:
         envelope = decode_request(raw, key)
     except ContractError as error:
+        STATS["decode_rejected"] += 1
         assert error.message
         assert error.param is None or isinstance(error.param, str)
         assert error.request_id is None or ID_RE.fullmatch(error.request_id)
@@ -181,6 +195,7 @@ def check_decode(raw: bytes, key: bytes | None) -> None:
         assert info.code == error.code
         json.loads(info.model_dump_json())
         return
+    STATS["decode_accepted"] += 1
     assert ID_RE.fullmatch(envelope.request_id)
     if key is not None:
         assert key == envelope.request_id.encode()
@@ -218,6 +233,7 @@ def test_decode_mutated_valid_envelopes(case: tuple[Any, bytes | None]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @LONG
 @given(st.binary(max_size=3000), st.one_of(st.none(), st.binary(max_size=40)))
 def test_decode_arbitrary_bytes_long(raw: bytes, key: bytes | None) -> None:
@@ -225,6 +241,7 @@ def test_decode_arbitrary_bytes_long(raw: bytes, key: bytes | None) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @LONG
 @given(mutated_envelopes())
 def test_decode_mutated_valid_envelopes_long(case: tuple[Any, bytes | None]) -> None:
@@ -294,7 +311,11 @@ def valid_args(draw: st.DrawFn, spec: dict[str, Any]) -> dict[str, Any]:
 
 def block(name: Any, args: Any, *, args_as_string: bool = False, spaced: bool = True) -> str:
     payload = json.dumps({"name": name, "arguments": json.dumps(args) if args_as_string else args})
-    return f"{TOOL_CALL_OPEN}\n{payload}\n</tool_call>" if spaced else f"<tool_call>{payload}</tool_call>"
+    return (
+        f"{TOOL_CALL_OPEN}\n{payload}\n</tool_call>"
+        if spaced
+        else f"<tool_call>{payload}</tool_call>"
+    )
 
 
 @st.composite
@@ -347,6 +368,9 @@ def outputs(draw: st.DrawFn) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
 def check_parse(text: str, tool_set: list[tuple[str, dict[str, Any]]], reasoning: bool) -> None:
     tools = as_tools(tool_set) if tool_set else None
     out = parse_output(text, tools=tools, reasoning_enabled=reasoning)
+    STATS["parse_cases"] += 1
+    STATS["parse_tool_calls"] += len(out.tool_calls)
+    STATS["parse_tool_call_errors"] += len(out.errors)
     schemas = {n: spec["schema"] for n, spec in tool_set}
     in_reasoning = (out.reasoning_content or "").count(TOOL_CALL_OPEN)
     assert text.count(TOOL_CALL_OPEN) == in_reasoning + len(out.tool_calls) + len(out.errors)
@@ -367,6 +391,7 @@ def test_parse_output_mixed(case: Any, reasoning: bool, with_tools: bool) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @LONG
 @given(outputs(), st.booleans(), st.booleans())
 def test_parse_output_mixed_long(case: Any, reasoning: bool, with_tools: bool) -> None:
@@ -386,6 +411,9 @@ def clean_outputs(draw: st.DrawFn) -> tuple[str, list[tuple[str, dict[str, Any]]
 def check_clean(case: Any) -> None:
     text, tool_set, validity = case
     out = parse_output(text, tools=as_tools(tool_set), reasoning_enabled=False)
+    STATS["generated_cases"] += 1
+    STATS["generated_valid_calls"] += sum(validity)
+    STATS["generated_mutants"] += len(validity) - sum(validity)
     assert len(out.tool_calls) == sum(validity), (text, out)
     assert len(out.errors) == len(validity) - sum(validity), (text, out)
 
@@ -397,6 +425,7 @@ def test_generated_valid_calls_are_calls_and_mutants_errors(case: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @LONG
 @given(clean_outputs())
 def test_generated_valid_calls_are_calls_and_mutants_errors_long(case: Any) -> None:

@@ -63,6 +63,7 @@ class Feeder(threading.Thread):
         self.make_client = make_client
         self.client = make_client()
         self.client_restarts = 0
+        self.progress: list[tuple[float, int]] = []  # (time, acked so far)
         self.per_tick = per_tick
         self.tick = tick
         self.acked: set[str] = set()
@@ -106,6 +107,7 @@ class Feeder(threading.Thread):
             self.not_sent_events += len(failed)
             self.unacked.extend(failed)
             self.acked.update(set(rids) - set(failed))
+            self.progress.append((time.monotonic(), len(self.acked)))
             time.sleep(self.tick)
 
     def resend_unacked(self, timeout: float = 60) -> None:
@@ -172,7 +174,14 @@ def run_outage(pstack: PrivateStack, spawn: Any, outage_s: float) -> None:
         assert recovered_at is not None and probes_at is not None, (
             "no result after the broker came back"
         )
-        time.sleep(3)  # keep feeding a little after recovery
+        # the producer must get going again too: 200 more acknowledged sends
+        acked_at_back = max((c for t, c in feeder.progress if t <= t_back), default=0)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(feeder.acked) < acked_at_back + 200:
+            time.sleep(0.2)
+        feeder_back = next(
+            (t for t, c in feeder.progress if t > t_back and c > acked_at_back), None
+        )
     finally:
         feeder.stop_event.set()
         feeder.join(60)
@@ -202,6 +211,7 @@ def run_outage(pstack: PrivateStack, spawn: Any, outage_s: float) -> None:
         broker_restart_s=t_back - t_up,
         recovery_s=recovered_at - t_back,
         probe_results_s=probes_at - t_back,
+        producer_recovery_s=(feeder_back - t_back) if feeder_back else None,
     )
     assert done == n
     assert results_found == n, "lost requests"
