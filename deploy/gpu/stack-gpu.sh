@@ -158,36 +158,8 @@ num.io.threads=8
 log.retention.hours=24
 log.segment.bytes=67108864
 EOF
-  cat >"$K_DIR/log4j2.properties" <<'EOF'
-status = warn
-appender.file.type = RollingFile
-appender.file.name = file
-appender.file.fileName = ${sys:kafka.logs.dir}/server.log
-appender.file.filePattern = ${sys:kafka.logs.dir}/server.log.%i
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-appender.file.policies.type = Policies
-appender.file.policies.size.type = SizeBasedTriggeringPolicy
-appender.file.policies.size.size = 50MB
-appender.file.strategy.type = DefaultRolloverStrategy
-appender.file.strategy.max = 3
-rootLogger.level = INFO
-rootLogger.appenderRef.file.ref = file
-logger.request.name = kafka.request.logger
-logger.request.level = WARN
-logger.kafka.name = org.apache.kafka
-logger.kafka.level = INFO
-EOF
-  cat >"$K_DIR/log4j2-tools.properties" <<'EOF'
-status = warn
-appender.err.type = Console
-appender.err.name = err
-appender.err.target = SYSTEM_ERR
-appender.err.layout.type = PatternLayout
-appender.err.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.err.ref = err
-EOF
+  cp "$REPO_ROOT/deploy/local/kafka/log4j2.properties" \
+    "$REPO_ROOT/deploy/local/kafka/log4j2-tools.properties" "$K_DIR/"
 }
 
 format_kafka() {
