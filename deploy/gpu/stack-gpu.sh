@@ -141,23 +141,10 @@ listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 log.dirs=$DATA_DIR
-num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
-auto.create.topics.enable=false
-delete.topic.enable=true
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=10
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
 num.network.threads=4
 num.io.threads=8
-log.retention.hours=24
-log.segment.bytes=67108864
 EOF
+  cat "$REPO_ROOT/deploy/local/kafka/broker-common.properties" >>"$K_DIR/server.properties"
   cp "$REPO_ROOT/deploy/local/kafka/log4j2.properties" \
     "$REPO_ROOT/deploy/local/kafka/log4j2-tools.properties" "$K_DIR/"
 }

@@ -240,23 +240,10 @@ controller.quorum.voters=1@$HOST:$CTRL_PORT
 $(listener_config)
 controller.listener.names=CONTROLLER
 log.dirs=$K_DIR/data
-num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
-auto.create.topics.enable=false
-delete.topic.enable=true
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=10
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
 num.network.threads=2
 num.io.threads=4
-log.retention.hours=24
-log.segment.bytes=67108864
 EOF
+  cat "$SCRIPT_DIR/kafka/broker-common.properties" >>"$K_DIR/server.properties"
   # Logging set-up shared with deploy/gpu/stack-gpu.sh: the broker logs to a rolling
   # file, the one-shot tools (storage format, topics) only warn on stderr.
   cp "$SCRIPT_DIR/kafka/log4j2.properties" "$SCRIPT_DIR/kafka/log4j2-tools.properties" "$K_DIR/"
