@@ -43,7 +43,7 @@ from producer.bulk import (
 from producer.client import QBatchClient, now_utc
 from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope, Status
 from schemas.limits import DEFAULT_RESULT_TTL_S
-from schemas.replies import ResultWriter
+from schemas.replies import FINALIZE_JOB_LUA, ResultWriter
 
 DEFAULT_JOB_TTL_S = 7 * 86_400
 DEFAULT_CHUNK = 5_000
@@ -56,26 +56,6 @@ RETRY_LINE_FIELD = "retry_line"
 
 Progress = Callable[[int, int], None]
 """on_progress(done, total)."""
-
-_FINALIZE = """
-local function finalize(job)
-  local h = redis.call('HMGET', job, 'total', 'succeeded', 'failed', 'expired',
-                      'cancelled', 'status')
-  local total = tonumber(h[1])
-  if not total then return h[6] end
-  local ok = tonumber(h[2]) or 0
-  local cancelled = tonumber(h[5]) or 0
-  local done = ok + (tonumber(h[3]) or 0) + (tonumber(h[4]) or 0) + cancelled
-  if done >= total and (h[6] == 'running' or h[6] == 'cancelling') then
-    local status = 'completed'
-    if h[6] == 'cancelling' or cancelled > 0 then status = 'cancelled'
-    elseif done > ok then status = 'completed_with_errors' end
-    redis.call('HSET', job, 'status', status)
-    return status
-  end
-  return h[6]
-end
-"""
 
 BEGIN_LUA = """
 -- KEYS: job ; ARGV: total, now_ms, input_path, sha256, job_ttl
@@ -94,7 +74,7 @@ return {'new', 'submitting', '0'}
 """
 
 MARK_SUBMITTED_LUA = (
-    _FINALIZE
+    FINALIZE_JOB_LUA
     + """
 -- KEYS: job, stream ; ARGV: total, job_ttl
 if redis.call('HGET', KEYS[1], 'status') == 'submitting' then
@@ -111,7 +91,7 @@ return finalize(KEYS[1])
 )
 
 CANCEL_LUA = (
-    _FINALIZE
+    FINALIZE_JOB_LUA
     + """
 -- KEYS: job, cancel ; ARGV: ttl
 local st = redis.call('HGET', KEYS[1], 'status')

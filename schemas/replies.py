@@ -14,7 +14,31 @@ from typing import Any
 from schemas.keys import RedisKeys
 from schemas.result import ResultEnvelope
 
-WRITE_RESULTS_LUA = """
+FINALIZE_JOB_LUA = """
+-- finalize(job): once every request of a running (or cancelling) job is answered, set
+-- its final status; returns the status. Shared by the result writer and the producer.
+local function finalize(job)
+  local h = redis.call('HMGET', job, 'total', 'succeeded', 'failed', 'expired',
+                      'cancelled', 'status')
+  local total = tonumber(h[1])
+  if not total then return h[6] end
+  local ok = tonumber(h[2]) or 0
+  local cancelled = tonumber(h[5]) or 0
+  local done = ok + (tonumber(h[3]) or 0) + (tonumber(h[4]) or 0) + cancelled
+  if done >= total and (h[6] == 'running' or h[6] == 'cancelling') then
+    local status = 'completed'
+    if h[6] == 'cancelling' or cancelled > 0 then status = 'cancelled'
+    elseif done > ok then status = 'completed_with_errors' end
+    redis.call('HSET', job, 'status', status)
+    return status
+  end
+  return h[6]
+end
+"""
+
+WRITE_RESULTS_LUA = (
+    FINALIZE_JOB_LUA
+    + """
 -- Writes many results in one call. KEYS: per result (result, done, job hash, job stream).
 -- ARGV[1] = now_ms; then per result: json, ttl, status, request_id, custom_id, has_job.
 -- Returns one 1 (written now) or 0 (already existed) per result.
@@ -38,25 +62,13 @@ for i = 0, (#KEYS / 4) - 1 do
                  'status', status)
       if redis.call('TTL', jkey) < ttl then redis.call('EXPIRE', jkey, ttl) end
       if redis.call('TTL', skey) < ttl then redis.call('EXPIRE', skey, ttl) end
-      local h = redis.call('HMGET', jkey, 'total', 'succeeded', 'failed', 'expired',
-                           'cancelled', 'status')
-      local total = tonumber(h[1])
-      if total then
-        local ok = tonumber(h[2]) or 0
-        local cancelled = tonumber(h[5]) or 0
-        local done = ok + (tonumber(h[3]) or 0) + (tonumber(h[4]) or 0) + cancelled
-        if done >= total and (h[6] == 'running' or h[6] == 'cancelling') then
-          local final = 'completed'
-          if h[6] == 'cancelling' or cancelled > 0 then final = 'cancelled'
-          elseif done > ok then final = 'completed_with_errors' end
-          redis.call('HSET', jkey, 'status', final)
-        end
-      end
+      finalize(jkey)
     end
   end
 end
 return out
 """
+)
 
 
 class ResultWriter:
