@@ -65,25 +65,12 @@ die() {
   exit 1
 }
 
-pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
-read_pid() { [[ -s "$1" ]] && tr -dc '0-9' <"$1" || true; }
-port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+# pid_alive, read_pid, port_open, our_pid
+# shellcheck source=deploy/local/proc.sh
+source "$REPO_ROOT/deploy/local/proc.sh"
 
-kafka_pid() {
-  local pid
-  pid="$(read_pid "$K_PID")"
-  if pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "kafka.Kafka $K_DIR/server.properties"; then
-    echo "$pid"
-  fi
-}
-
-valkey_pid() {
-  local pid
-  pid="$(read_pid "$R_PID")"
-  if pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "valkey-server"; then
-    echo "$pid"
-  fi
-}
+kafka_pid() { our_pid "$K_PID" "kafka.Kafka $K_DIR/server.properties"; }
+valkey_pid() { our_pid "$R_PID" "valkey-server"; }
 
 # PING over bash's /dev/tcp: no redis-cli on the GPU image
 valkey_ping() {

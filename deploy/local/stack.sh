@@ -71,29 +71,15 @@ die() {
 
 # ---------------------------------------------------------------- helpers
 
-pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
-
-read_pid() { [[ -s "$1" ]] && tr -dc '0-9' <"$1" || true; }
+# pid_alive, read_pid, port_open, our_pid
+# shellcheck source=deploy/local/proc.sh
+source "$SCRIPT_DIR/proc.sh"
 
 # pid of our Kafka if running (pid file + command line check), else empty
-kafka_pid() {
-  local pid
-  pid="$(read_pid "$K_PID")"
-  if pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "kafka.Kafka $K_DIR/server.properties"; then
-    echo "$pid"
-  fi
-}
+kafka_pid() { our_pid "$K_PID" "kafka.Kafka $K_DIR/server.properties"; }
 
 # pid of our Redis if running, else empty (never the system redis: we only trust our pid file)
-redis_pid() {
-  local pid
-  pid="$(read_pid "$R_PID")"
-  if pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "redis-server"; then
-    echo "$pid"
-  fi
-}
-
-port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+redis_pid() { our_pid "$R_PID" "redis-server"; }
 
 pick_python() {
   local py
