@@ -4,12 +4,17 @@ A batch is due when ``max_size`` items are gathered or ``max_wait_ms`` has passe
 first item arrived, whichever comes first. Larger batches use the GPU better; the wait bound
 caps the latency a lone request pays at low load. The rule is kept free of I/O, threads and
 real time so that it can be tested exactly under a fake clock: the worker's loop drives it by
-calling :meth:`MicroBatcher.add` as records arrive and :meth:`MicroBatcher.poll` on every
-iteration, using :meth:`MicroBatcher.time_until_due` as its poll timeout.
+calling :meth:`MicroBatcher.add` for every record of a fetch and :meth:`MicroBatcher.poll`
+once after them, using :meth:`MicroBatcher.time_until_due` as its poll timeout.
 
-At most one batch is ever pending: every call that could make it due (an ``add`` that fills
-it, or any call after its deadline) hands it out, so ``len(batcher) < max_size`` between
-calls and no queue of ready batches can build up inside the batcher.
+At most one batch is ever pending: an ``add`` that fills it hands it out, so
+``len(batcher) < max_size`` between calls and no queue of ready batches can build up inside
+the batcher. Only ``poll`` closes a batch by age: records that arrived together (one fetch)
+therefore share a batch even with ``max_wait_ms=0``, which then means "no waiting for
+company that has not arrived yet" rather than "one request per batch". Per-request batches
+cost a Redis round trip and a thread hand-off to the engine each: on the H200 a backlog
+served in one-request batches ran a third slower (22.8 vs 34.7 req/s, see
+tests/benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -116,12 +121,12 @@ class MicroBatcher(Generic[T]):
         return None if opened is None else opened + self._max_wait_s
 
     def add(self, item: T, priority: int = 0, now: float | None = None) -> Batch[T] | None:
-        """Queue ``item``; returns the pending batch, this item included, if it is now due.
+        """Queue ``item``; returns the pending batch, this item included, if it is now full.
 
-        An item that arrives after the pending batch's deadline but before anyone polled
-        joins that batch: it has not been dispatched yet, so taking the newcomer along costs
-        nothing, and returning the batch here means the caller never has to poll right after
-        adding. With ``max_wait_ms=0`` every add therefore dispatches at once.
+        A batch that is due by age is left for the next :meth:`poll`, which the caller runs
+        once after adding everything it has in hand: an item that arrives after the pending
+        batch's deadline but before that poll joins the batch, since taking it along costs
+        no wait at all.
         """
         t = self._now(now)
         self._pending.append(_Entry(priority, self._seq, t, item))
@@ -131,7 +136,7 @@ class MicroBatcher(Generic[T]):
         self._opened_at = t if self._opened_at is None else min(self._opened_at, t)
         if len(self._pending) >= self._max_size:
             return self._close(t, "size")
-        return self.poll(t)
+        return None
 
     def poll(self, now: float | None = None) -> Batch[T] | None:
         """The pending batch if its oldest item has waited ``max_wait_ms``, else None."""

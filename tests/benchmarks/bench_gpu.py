@@ -2,8 +2,10 @@
 
 Runs on the lent GPU machine with the whole stack there (deploy/gpu/README.md):
 
-    python3 -m tests.benchmarks.bench_gpu static     --out $OUT   # A, B16, B64 (one engine)
+    python3 -m tests.benchmarks.bench_gpu full       --out $OUT   # C, then A, B64, B16; report
+    python3 -m tests.benchmarks.bench_gpu static     --out $OUT   # A, B64, B16 (one engine)
     python3 -m tests.benchmarks.bench_gpu continuous --out $OUT   # C, low-load latency, wait sweep
+    python3 -m tests.benchmarks.bench_gpu knobs      --out $OUT   # engine knobs, one engine each
     python3 -m tests.benchmarks.bench_gpu report     --out $OUT   # ratios, table, plot
 
 - A: `LLM.generate` over all requests at once (the engine's ceiling);
@@ -14,20 +16,32 @@ B and C go through the real pipeline: records pre-loaded on Kafka, results read 
 from Redis, timed from the first record dequeued to the last result seen in Redis.
 Every request is a `/v1/completions` envelope whose prompt is the same token ids A
 gets, with `max_tokens` fixed per request and `ignore_eos` (random weights).
+
+`full` and `knobs` run each engine in a child process (its own process group, killed
+when done) because `LLM` and `AsyncLLM` each take 90% of the GPU's memory, and write
+what they have measured after every run, so a call cut short still brings back figures.
+`--engine echo` runs the same harness on the CPU with the echo engine (a dry run of the
+plumbing; its figures mean nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
 import random
+import re
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +50,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "tests" / "fixtures" / "qwen3-14b"
 VOCAB_TOP = 151_000  # plain BPE tokens only; the added special tokens start at 151643
+DRY_DELAY_MS = 20.0  # the echo engine's answer time in dry runs
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,9 @@ class Req:
     rid: str
     prompt: list[int]
     max_tokens: int
+
+
+# ---------------------------------------------------------------------------- workloads
 
 
 def workload(n: int = 1500, seed: int = 0) -> list[Req]:
@@ -61,28 +79,98 @@ def workload(n: int = 1500, seed: int = 0) -> list[Req]:
     return reqs
 
 
+def prefix_workload(n: int = 400, prefix_len: int = 1000, seed: int = 1) -> list[Req]:
+    """A shared 1,000-token system prompt, then 64-192 tokens of its own, 32 tokens out:
+    the shape of a bulk job that asks one long instruction of many documents."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(100, VOCAB_TOP) for _ in range(prefix_len)]
+    return [
+        Req(
+            f"p{i:05d}",
+            prefix + [rng.randrange(100, VOCAB_TOP) for _ in range(rng.randint(64, 192))],
+            32,
+        )
+        for i in range(n)
+    ]
+
+
+def long_workload(n_long: int = 12, n_short: int = 240, seed: int = 2) -> list[Req]:
+    """Long prompts (8K-16K tokens, 128 out) spread among W's short requests: what
+    chunked prefill is for, so that a long prefill does not stall the others' decoding."""
+    rng = random.Random(seed)
+    short = workload(600 + n_short)[600:]
+    longs = [
+        Req(
+            f"l{i:05d}",
+            [rng.randrange(100, VOCAB_TOP) for _ in range(rng.randint(8192, 16000))],
+            128,
+        )
+        for i in range(n_long)
+    ]
+    every = max(1, len(short) // max(1, n_long))
+    mixed: list[Req] = []
+    for i, req in enumerate(short):
+        if i % every == 0 and longs:
+            mixed.append(longs.pop(0))
+        mixed.append(req)
+    return mixed + longs
+
+
+def group_of(rid: str) -> str:
+    return {"l": "long", "p": "prefix"}.get(rid[0], "short")
+
+
+# ---------------------------------------------------------------------------- engines
+
+
 def engine_kwargs(**overrides: Any) -> dict[str, Any]:
     from worker.config import WorkerSettings
     from worker.engines.vllm_engine import engine_kwargs as from_settings
 
-    settings = WorkerSettings(
-        engine="vllm",
-        model=str(MODEL_DIR),
-        served_model_name="Qwen3-14B",
-        load_format="dummy",
-        dtype="bfloat16",
-        max_model_len=4096,
-        gpu_memory_utilization=0.9,
-        **overrides,
-    )
-    return from_settings(settings)
+    fields: dict[str, Any] = {
+        "engine": "vllm",
+        "model": str(MODEL_DIR),
+        "served_model_name": "Qwen3-14B",
+        "load_format": "dummy",
+        "dtype": "bfloat16",
+        "max_model_len": 4096,
+        "gpu_memory_utilization": 0.9,
+    }
+    fields.update(overrides)
+    return from_settings(WorkerSettings(**fields))
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
+def make_engine(mode: str, dry: bool, **overrides: Any) -> Any:
+    if dry:
+        from worker.engines.echo import EchoEngine
+
+        return EchoEngine(
+            served_name="Qwen3-14B",
+            max_model_len=int(overrides.get("max_model_len", 4096)),
+            delay_ms=DRY_DELAY_MS,
+        )
+    from worker.engines.vllm_engine import VllmEngine
+
+    return VllmEngine(engine_kwargs(**overrides), mode=mode)
+
+
+def kv_cache_tokens(engine: Any) -> int | None:
+    """The engine's KV cache capacity in tokens, where this vLLM version tells it."""
+    try:
+        cache = engine._llm.vllm_config.cache_config
+        return int(cache.num_gpu_blocks) * int(cache.block_size)
+    except (AttributeError, TypeError):
+        return None
+
+
+def percentiles(values: list[float], digits: int = 3) -> dict[str, float]:
     if not values:
         return {}
+    if len(values) == 1:
+        v = round(values[0], digits)
+        return {"p50": v, "p90": v, "p99": v}
     qs = statistics.quantiles(values, n=100, method="inclusive")
-    return {"p50": round(qs[49], 3), "p90": round(qs[89], 3), "p99": round(qs[98], 3)}
+    return {k: round(qs[i], digits) for k, i in (("p50", 49), ("p90", 89), ("p99", 98))}
 
 
 class _KeepOpen:
@@ -98,18 +186,43 @@ class _KeepOpen:
         return
 
 
-def run_raw(engine: Any, reqs: list[Req]) -> dict[str, Any]:
-    from vllm import SamplingParams
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
 
-    params = [
-        SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.7, seed=i)
-        for i, r in enumerate(reqs)
-    ]
-    prompts = [{"prompt_token_ids": r.prompt} for r in reqs]
+
+# ---------------------------------------------------------------------------- runs
+
+
+def run_raw(engine: Any, reqs: list[Req]) -> dict[str, Any]:
+    """A: all prompts in one `LLM.generate` (dry run: all through `submit`)."""
     t0 = time.perf_counter()
-    outs = engine._llm.generate(prompts, params, use_tqdm=False)
+    if hasattr(engine, "_llm"):
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.7, seed=i)
+            for i, r in enumerate(reqs)
+        ]
+        prompts = [{"prompt_token_ids": r.prompt} for r in reqs]
+        outs = engine._llm.generate(prompts, params, use_tqdm=False)
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    else:
+        from worker.engines.base import EngineRequest, SamplingSpec
+
+        left = threading.Semaphore(0)
+        engine.submit(
+            [
+                EngineRequest(r.rid, "", r.prompt, SamplingSpec(max_tokens=r.max_tokens))
+                for r in reqs
+            ],
+            lambda _out: left.release(),
+        )
+        for _ in reqs:
+            left.acquire()
+        tokens = 0
     elapsed = time.perf_counter() - t0
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {
         "name": "A",
         "n": len(reqs),
@@ -121,50 +234,39 @@ def run_raw(engine: Any, reqs: list[Req]) -> dict[str, Any]:
     }
 
 
-def run_qbatch(engine: Any, reqs: list[Req], name: str, **worker_settings: Any) -> dict[str, Any]:
-    """Pre-load the requests on a fresh topic, run a worker until all results are in Redis."""
+def _bootstrap() -> str:
+    return os.environ.get("QBATCH_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+
+
+def _redis() -> Any:
     import redis
-    from kafka import KafkaProducer
+
+    return redis.Redis.from_url(os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
+
+
+def _create_topic(topic: str) -> None:
     from kafka.admin import KafkaAdminClient, NewTopic
 
+    admin = KafkaAdminClient(bootstrap_servers=_bootstrap())
+    admin.create_topics([NewTopic(topic, 8, 1)])
+    admin.close()
+
+
+def _start_worker(engine: Any, run: str, **worker_settings: Any) -> tuple[Any, threading.Thread]:
+    """A worker on topic `bench.<run>`, key prefix `<run>`, sharing the loaded engine."""
     from worker.config import WorkerSettings
     from worker.kafka_io import DeadLetters, RequestConsumer
     from worker.redis_io import RedisReplies
     from worker.service import Worker
 
-    run = f"{name.lower()}-{uuid.uuid4().hex[:6]}"
-    topic, prefix, job = f"bench.{run}", f"bench{run}", run
-    bootstrap = os.environ.get("QBATCH_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics([NewTopic(topic, 8, 1)])
-    admin.close()
-    r = redis.Redis.from_url(os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    r.hset(f"{prefix}:job:{job}", mapping={"total": len(reqs), "status": "running"})
-    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, acks="all")
-    for i, req in enumerate(reqs):
-        env = {
-            "request_id": req.rid,
-            "endpoint": "/v1/completions",
-            "job_id": job,
-            "body": {
-                "prompt": req.prompt,
-                "max_tokens": req.max_tokens,
-                "ignore_eos": True,
-                "temperature": 0.7,
-                "seed": i,
-            },
-        }
-        producer.send(topic, key=req.rid.encode(), value=json.dumps(env).encode())
-    producer.flush()
-    producer.close()
-
+    topic = f"bench.{run}"
     settings = WorkerSettings(
         engine="vllm",
         model=str(MODEL_DIR),
         topic=topic,
         dlq_topic=f"{topic}.dlq",
         group=f"{run}-workers",
-        prefix=prefix,
+        prefix=run,
         metrics_port=0,
         dead_letter=False,
         log_level="warning",
@@ -179,9 +281,47 @@ def run_qbatch(engine: Any, reqs: list[Req], name: str, **worker_settings: Any) 
     )
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
+    return worker, thread
+
+
+def _envelope(req: Req, seed: int, job: str | None = None) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "request_id": req.rid,
+        "endpoint": "/v1/completions",
+        "body": {
+            "prompt": req.prompt,
+            "max_tokens": req.max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.7,
+            "seed": seed,
+        },
+    }
+    if job:
+        env["job_id"] = job
+    return env
+
+
+def run_qbatch(engine: Any, reqs: list[Req], name: str, **worker_settings: Any) -> dict[str, Any]:
+    """Pre-load the requests on a fresh topic, run a worker until all results are in Redis."""
+    from kafka import KafkaProducer
+
+    run = re.sub(r"[^a-z0-9-]", "-", f"{name.lower()}-{uuid.uuid4().hex[:6]}")
+    topic, job = f"bench.{run}", run
+    _create_topic(topic)
+    r = _redis()
+    r.hset(f"{run}:job:{job}", mapping={"total": len(reqs), "status": "running"})
+    producer = KafkaProducer(bootstrap_servers=_bootstrap(), linger_ms=20, acks="all")
+    for i, req in enumerate(reqs):
+        producer.send(
+            topic, key=req.rid.encode(), value=json.dumps(_envelope(req, i, job)).encode()
+        )
+    producer.flush()
+    producer.close()
+
+    worker, thread = _start_worker(engine, run, **worker_settings)
     deadline = time.time() + 1800
     while time.time() < deadline:
-        if int(r.hget(f"{prefix}:job:{job}", "succeeded") or 0) >= len(reqs):
+        if int(r.hget(f"{run}:job:{job}", "succeeded") or 0) >= len(reqs):
             break
         time.sleep(0.02)
     seen_all = time.time()
@@ -189,15 +329,18 @@ def run_qbatch(engine: Any, reqs: list[Req], name: str, **worker_settings: Any) 
     thread.join(timeout=120)
     results = [
         json.loads(raw)
-        for raw in r.mget([f"{prefix}:result:{req.rid}" for req in reqs])
+        for raw in r.mget([f"{run}:result:{req.rid}" for req in reqs])
         if raw is not None
     ]
     ok = [res for res in results if res["status"] == "succeeded"]
     first = min(res["timings"]["dequeued"] for res in results) / 1000
     elapsed = seen_all - first
     tokens = sum(res["response"]["usage"]["completion_tokens"] for res in ok)
-    latencies = [res["timings"]["finished"] / 1000 - first for res in ok]
+    latencies = {res["request_id"]: res["timings"]["finished"] / 1000 - first for res in ok}
     batch_sizes = [res["worker"]["batch_size"] for res in ok]
+    by_group: dict[str, list[float]] = {}
+    for rid, latency in latencies.items():
+        by_group.setdefault(group_of(rid), []).append(latency)
     return {
         "name": name,
         "n": len(reqs),
@@ -205,226 +348,464 @@ def run_qbatch(engine: Any, reqs: list[Req], name: str, **worker_settings: Any) 
         "elapsed_s": round(elapsed, 3),
         "req_per_s": round(len(reqs) / elapsed, 3),
         "out_tok_per_s": round(tokens / elapsed, 1),
-        "latency_s": percentiles(latencies),
+        "latency_s": percentiles(list(latencies.values())),
+        "latency_s_by_group": {g: percentiles(v) for g, v in sorted(by_group.items())}
+        if len(by_group) > 1
+        else {},
         "mean_batch_size": round(statistics.mean(batch_sizes), 1) if batch_sizes else None,
-        "settings": {k: v for k, v in worker_settings.items()},
+        "settings": dict(worker_settings),
     }
 
 
-def lone_latency(engine: Any, waits: list[float], count: int) -> list[dict[str, Any]]:
-    """Lone requests at a slow steady rate: qbatch end to end vs the raw engine, per wait."""
-    import redis
-    from kafka import KafkaProducer
-    from kafka.admin import KafkaAdminClient, NewTopic
+def lone_latency(
+    engine: Any, waits: list[float], count: int, gap_s: float = 0.2
+) -> list[dict[str, Any]]:
+    """Lone requests at a slow steady rate: qbatch end to end vs the raw engine, per wait.
 
-    from worker.config import WorkerSettings
+    Raw and qbatch requests alternate, so both see the same GPU state (clocks drift by a
+    few percent over a minute, which on a 0.28 s request is as much as the effect). Each
+    qbatch request is also split by the timings in its result (epoch ms, one clock):
+    Kafka hop (submitted -> dequeued), batching (dequeued -> dispatched), engine
+    (dispatched -> finished), reply (finished -> the client's BLPOP wake-up).
+    """
+    from kafka import KafkaProducer
+
     from worker.engines.base import EngineRequest, SamplingSpec
-    from worker.kafka_io import DeadLetters, RequestConsumer
-    from worker.redis_io import RedisReplies
-    from worker.service import Worker
 
     rng = random.Random(7)
     prompt = [rng.randrange(100, VOCAB_TOP) for _ in range(256)]
     spec = SamplingSpec(max_tokens=32, ignore_eos=True, temperature=0.7)
 
-    def raw_once(i: int) -> float:
+    def raw_once() -> float:
         done = threading.Event()
         t0 = time.perf_counter()
         engine.submit(
-            [EngineRequest(f"raw-{uuid.uuid4().hex[:8]}-{i}", "", prompt, spec)],
+            [EngineRequest(f"raw-{uuid.uuid4().hex[:12]}", "", prompt, spec)],
             lambda _out: done.set(),
         )
         done.wait(60)
         return time.perf_counter() - t0
 
-    raw = [raw_once(i) for i in range(count)]
+    r = _redis()
     rows = []
-    bootstrap = os.environ.get("QBATCH_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    r = redis.Redis.from_url(os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     for wait in waits:
         run = f"lone{int(wait)}-{uuid.uuid4().hex[:6]}"
-        topic = f"bench.{run}"
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-        admin.create_topics([NewTopic(topic, 8, 1)])
-        admin.close()
-        settings = WorkerSettings(
-            engine="vllm", model=str(MODEL_DIR), topic=topic, group=f"{run}-w", prefix=run,
-            metrics_port=0, dead_letter=False, log_level="warning", batch_max_wait_ms=wait,
-        )  # fmt: skip
-        worker = Worker(
-            settings, _KeepOpen(engine),  # type: ignore[arg-type]
-            RequestConsumer(settings), RedisReplies.from_url(settings.redis_url, settings.keys),
-            DeadLetters(settings),
-        )  # fmt: skip
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1)
-        time.sleep(5)  # group join
+        _create_topic(f"bench.{run}")
+        worker, thread = _start_worker(engine, run, batch_max_wait_ms=wait)
+        producer = KafkaProducer(bootstrap_servers=_bootstrap(), linger_ms=0, acks=1)
+        raw: list[float] = []
         e2e: list[float] = []
-        reach: list[float] = []  # producer's submitted_at -> handed to the engine
-        for i in range(count + 2):
+        parts: dict[str, list[float]] = {
+            k: [] for k in ("kafka", "batching", "engine", "reply", "reach", "outside")
+        }
+        for i in range(count + 2):  # the first two warm the path up (and wait for the group)
+            if i >= 2:
+                raw.append(raw_once())
+                time.sleep(gap_s)
             rid = f"{run}-{i}"
-            env: dict[str, Any] = {
-                "request_id": rid, "endpoint": "/v1/completions",
-                "body": {"prompt": prompt, "max_tokens": 32, "ignore_eos": True, "temperature": 0.7},
-            }  # fmt: skip
+            env = _envelope(Req(rid, prompt, 32), i)
             env["submitted_at"] = datetime.now(UTC).isoformat()
             t0 = time.perf_counter()
-            producer.send(topic, key=rid.encode(), value=json.dumps(env).encode())
+            producer.send(f"bench.{run}", key=rid.encode(), value=json.dumps(env).encode())
             producer.flush()
             r.blpop([f"{run}:done:{rid}"], timeout=60)
-            if i >= 2:  # the first two warm the path up
-                e2e.append(time.perf_counter() - t0)
-                timings = json.loads(r.get(f"{run}:result:{rid}") or b"{}").get("timings", {})
-                if timings.get("submitted") and timings.get("dispatched"):
-                    reach.append((timings["dispatched"] - timings["submitted"]) / 1000)
-            time.sleep(0.3)
+            took = time.perf_counter() - t0
+            woke_ms = time.time() * 1000
+            if i >= 2:
+                e2e.append(took)
+                t = json.loads(r.get(f"{run}:result:{rid}") or b"{}").get("timings", {})
+                if all(t.get(k) for k in ("submitted", "dequeued", "dispatched", "finished")):
+                    parts["kafka"].append(t["dequeued"] - t["submitted"])
+                    parts["batching"].append(t["dispatched"] - t["dequeued"])
+                    parts["engine"].append(t["finished"] - t["dispatched"])
+                    parts["reply"].append(woke_ms - t["finished"])
+                    parts["reach"].append(t["dispatched"] - t["submitted"])
+                    parts["outside"].append(took * 1000 - (t["finished"] - t["dispatched"]))
+            time.sleep(gap_s)
         producer.close()
         worker.request_stop()
         thread.join(timeout=60)
-        added = [(a - statistics.median(raw)) * 1000 for a in e2e]
+        raw_ms = [x * 1000 for x in raw]
+        e2e_ms = [x * 1000 for x in e2e]
+        added = [x - statistics.median(raw_ms) for x in e2e_ms]
         rows.append(
             {
                 "batch_max_wait_ms": wait,
-                "raw_engine_s": percentiles(raw),
-                "qbatch_e2e_s": percentiles(e2e),
-                "reach_engine_s": percentiles(reach),
-                "added_ms_p50": round(statistics.median(added), 1),
-                "added_ms_p90": round(percentiles(added)["p90"], 1),
+                "n": count,
+                "raw_engine_ms": percentiles(raw_ms, 1),
+                "qbatch_e2e_ms": percentiles(e2e_ms, 1),
+                "added_ms": percentiles(added, 1),
+                "parts_ms_p50": {k: round(statistics.median(v), 1) for k, v in parts.items() if v},
+                "reach_engine_ms": percentiles(parts["reach"], 1)
+                | ({"max": max(parts["reach"])} if parts["reach"] else {}),
+                "target_ms": wait + 5,
             }
         )
+        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def phase_static(out: Path, n: int) -> None:
-    from worker.engines.vllm_engine import VllmEngine
+# ---------------------------------------------------------------------------- phases
 
+
+def phase_static(out: Path, n: int, dry: bool) -> None:
     reqs = workload(n)
-    engine = VllmEngine(engine_kwargs(), mode="static")
+    engine = make_engine("static", dry)
     t0 = time.perf_counter()
     engine.start()
-    startup = time.perf_counter() - t0
-    rows = [run_raw(engine, reqs)]
-    print(json.dumps(rows[-1]), flush=True)
-    rows.append(run_qbatch(engine, reqs[:320], "B16", engine_mode="static", batch_max_size=16))
-    print(json.dumps(rows[-1]), flush=True)
-    rows.append(run_qbatch(engine, reqs[:640], "B64", engine_mode="static", batch_max_size=64))
-    print(json.dumps(rows[-1]), flush=True)
-    (out / "static.json").write_text(json.dumps({"startup_s": startup, "runs": rows}, indent=2))
+    doc: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1), "runs": []}
+    plan: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("A", lambda: run_raw(engine, reqs)),
+        ("B64", lambda: run_qbatch(engine, reqs[:640], "B64", engine_mode="static", batch_max_size=64)),
+        ("B16", lambda: run_qbatch(engine, reqs[:320], "B16", engine_mode="static", batch_max_size=16)),
+    ]  # fmt: skip
+    for _, measure in plan:
+        doc["runs"].append(measure())
+        print(json.dumps(doc["runs"][-1]), flush=True)
+        _write_json(out / "static.json", doc)
 
 
-def phase_continuous(out: Path, n: int, sweep: int, lone: int) -> None:
-    from worker.engines.vllm_engine import VllmEngine
-
-    reqs = workload(n)
-    engine = VllmEngine(engine_kwargs(), mode="continuous")
+def phase_continuous(out: Path, n: int, sweep: int, lone: int, dry: bool) -> None:
+    engine = make_engine("continuous", dry)
     t0 = time.perf_counter()
     engine.start()
-    startup = time.perf_counter() - t0
-    rows = [run_qbatch(engine, reqs, "C", batch_max_size=64, batch_max_wait_ms=50)]
-    print(json.dumps(rows[-1]), flush=True)
-    latency = lone_latency(engine, [0, 10, 50], lone) if lone else []
-    for row in latency:
-        print(json.dumps(row), flush=True)
-    sweep_rows = []
-    for wait in (0, 10, 50) if sweep else ():
-        sweep_rows.append(
-            run_qbatch(
-                engine, reqs[:sweep], f"C-wait{wait}", batch_max_size=64, batch_max_wait_ms=wait
+    doc: dict[str, Any] = {
+        "startup_s": round(time.perf_counter() - t0, 1),
+        "runs": [],
+        "lone": [],
+        "sweep": [],
+    }
+    if n:
+        reqs = workload(n)
+        doc["runs"].append(run_qbatch(engine, reqs, "C", batch_max_size=64, batch_max_wait_ms=50))
+        print(json.dumps(doc["runs"][-1]), flush=True)
+        _write_json(out / "continuous.json", doc)
+    if lone:
+        doc["lone"] = lone_latency(engine, [0, 10, 50], lone)
+        _write_json(out / "continuous.json", doc)
+    if sweep:
+        reqs = workload(sweep)
+        for wait in (0, 10, 50):
+            doc["sweep"].append(
+                run_qbatch(engine, reqs, f"C-wait{wait}", batch_max_size=64, batch_max_wait_ms=wait)
             )
+            print(json.dumps(doc["sweep"][-1]), flush=True)
+            _write_json(out / "continuous.json", doc)
+    _write_json(out / "continuous.json", doc)
+
+
+# Engine knobs: one engine per configuration, each measured on the workloads it matters
+# for; "base" is vLLM's defaults under qbatch (LLM-class limits, prefix caching and
+# chunked prefill on, bf16 KV cache). max_model_len is 16384 in all of them so that the
+# 8K-16K prompts fit.
+KNOB_MAX_MODEL_LEN = 16384
+KNOB_WORKLOADS: dict[str, Callable[[], list[Req]]] = {
+    "prefix": lambda: prefix_workload(400),
+    "w600": lambda: workload(600),
+    "long": lambda: long_workload(12, 240),
+}
+KNOBS: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "base": ({}, ["prefix", "w600", "long"]),
+    "no-prefix-caching": ({"enable_prefix_caching": False}, ["prefix"]),
+    "no-chunked-prefill": (
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": KNOB_MAX_MODEL_LEN},
+        ["long"],
+    ),
+    "max-num-seqs-256": ({"max_num_seqs": 256}, ["w600"]),
+    "fp8-kv-cache": ({"kv_cache_dtype": "fp8"}, ["w600"]),
+}
+
+
+def phase_knob(out: Path, name: str, dry: bool) -> None:
+    """One knob configuration in this process: start its engine, run its workloads."""
+    overrides, workloads = KNOBS[name]
+    engine = make_engine("continuous", dry, max_model_len=KNOB_MAX_MODEL_LEN, **overrides)
+    t0 = time.perf_counter()
+    engine.start()
+    doc: dict[str, Any] = {
+        "config": name,
+        "engine_overrides": overrides,
+        "startup_s": round(time.perf_counter() - t0, 1),
+        "kv_cache_tokens": kv_cache_tokens(engine),
+        "runs": [],
+    }
+    for wl in workloads:
+        row = run_qbatch(
+            engine, KNOB_WORKLOADS[wl](), f"{name}-{wl}", batch_max_size=64, batch_max_wait_ms=50
         )
-        print(json.dumps(sweep_rows[-1]), flush=True)
-    (out / "continuous.json").write_text(
-        json.dumps(
-            {"startup_s": startup, "runs": rows, "lone": latency, "sweep": sweep_rows}, indent=2
-        )
+        row["workload"] = wl
+        doc["runs"].append(row)
+        print(json.dumps(row), flush=True)
+        _write_json(out / f"knob-{name}.json", doc)
+
+
+_KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+
+
+def _nvidia_smi(field: str) -> list[str]:
+    """One value per GPU of `nvidia-smi --query-gpu=FIELD`; empty where there is none."""
+    try:
+        text = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _gpu_memory_used_mib() -> int | None:
+    values = _nvidia_smi("memory.used")
+    try:
+        return sum(int(x) for x in values) if values else None
+    except ValueError:
+        return None
+
+
+def run_child(args: list[str], log: Any, deadline: float) -> tuple[int | None, list[str]]:
+    """This module in a child process group; its output into `log` and our stdout.
+
+    Killed (the engine-core processes with it) at `deadline`; returns its exit status
+    (None when killed) and the lines it printed. Then waits for the GPU's memory to be
+    given back, so that the next engine finds 90% of it free.
+    """
+    cmd = [sys.executable, "-m", "tests.benchmarks.bench_gpu", *args]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
+    lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            log.write(line)
+            log.flush()
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    pumper = threading.Thread(target=pump, daemon=True)
+    pumper.start()
+    try:
+        rc: int | None = proc.wait(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        rc = None
+        print(f"bench_gpu: {' '.join(args)} ran out of time: killed", flush=True)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    pumper.join(timeout=10)
+    for _ in range(60):  # the driver frees a killed process's memory within seconds
+        used = _gpu_memory_used_mib()
+        if used is None or used < 4096:
+            break
+        time.sleep(1)
+    return rc, lines
+
+
+def phase_knobs(out: Path, names: list[str], dry: bool, budget_s: float) -> None:
+    deadline = time.time() + budget_s
+    parts = Path(tempfile.mkdtemp(prefix="qbatch-knobs-"))
+    doc: dict[str, Any] = {"max_model_len": KNOB_MAX_MODEL_LEN, "configs": []}
+    with (out / "knobs.log").open("a") as log:
+        for name in names:
+            if deadline - time.time() < 120:
+                doc["configs"].append({"config": name, "skipped": "out of time budget"})
+                continue
+            args = ["knob", name, "--out", str(parts)] + (["--engine", "echo"] if dry else [])
+            rc, lines = run_child(args, log, deadline)
+            part = parts / f"knob-{name}.json"
+            entry = json.loads(part.read_text()) if part.exists() else {"config": name, "runs": []}
+            entry["exit"] = rc
+            kv = [m.group(1) for line in lines if (m := _KV_LINE.search(line))]
+            if kv and entry.get("kv_cache_tokens") is None:
+                entry["kv_cache_tokens"] = int(kv[-1].replace(",", ""))
+            doc["configs"].append(entry)
+            _write_json(out / "knobs.json", doc)
+    _write_json(out / "knobs.json", doc)
+    text = knobs_table(doc)
+    print(text)
+    (out / "knobs.md").write_text(text + "\n")
+
+
+def knobs_table(doc: dict[str, Any]) -> str:
+    lines = [
+        "| workload | config | req/s | output tok/s | p50 s | p99 s | by group p50 / p99 s | KV cache tokens | engine start s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]  # fmt: skip
+    rows = [
+        (run.get("workload", "?"), cfg, run)
+        for cfg in doc["configs"]
+        for run in cfg.get("runs", [])
+    ]
+    for wl, cfg, run in sorted(rows, key=lambda x: (x[0], x[1]["config"] != "base")):
+        groups = "; ".join(
+            f"{g} {v.get('p50')} / {v.get('p99')}"
+            for g, v in run.get("latency_s_by_group", {}).items()
+        )
+        lat = run["latency_s"]
+        lines.append(
+            f"| {wl} | {cfg['config']} | {run['req_per_s']} | {run['out_tok_per_s']} | "
+            f"{lat.get('p50')} | {lat.get('p99')} | {groups} | {cfg.get('kv_cache_tokens')} | "
+            f"{cfg.get('startup_s')} |"
+        )
+    for cfg in doc["configs"]:
+        if cfg.get("skipped") or cfg.get("exit") not in (0, None) or not cfg.get("runs"):
+            lines.append(
+                f"\n{cfg['config']}: {cfg.get('skipped') or 'exit ' + str(cfg.get('exit'))}"
+            )
+    return "\n".join(lines)
+
+
+def phase_full(out: Path, n: int, dry: bool, budget_s: float) -> None:
+    """A, B64, B16 and C in one run, same requests: C's engine first, then the static one."""
+    deadline = time.time() + budget_s
+    extra = ["--engine", "echo"] if dry else []
+    with (out / "full.log").open("a") as log:
+        run_child(["continuous", "--out", str(out), "--n", str(n), "--lone", "0", "--sweep", "0", *extra], log, deadline)  # fmt: skip
+        run_child(["static", "--out", str(out), "--n", str(n), *extra], log, deadline)
+    report(out)
+
+
+def _gpu_name() -> str:
+    names = _nvidia_smi("name")
+    return f"{len(names)}x {names[0]}" if names else "no GPU"
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def report(out: Path) -> None:
-    static = json.loads((out / "static.json").read_text())
-    cont = json.loads((out / "continuous.json").read_text())
-    runs = {row["name"]: row for row in static["runs"] + cont["runs"]}
-    a, b16, b64, c = runs["A"], runs["B16"], runs["B64"], runs["C"]
+    """Tables (markdown), ratios and a plot from whatever static/continuous JSON is there."""
+    static, cont = _load(out / "static.json"), _load(out / "continuous.json")
+    runs = {row["name"]: row for row in static.get("runs", []) + cont.get("runs", [])}
     ratios = {
-        "C/A": round(c["req_per_s"] / a["req_per_s"], 3),
-        "C/B64": round(c["req_per_s"] / b64["req_per_s"], 3),
-        "C/B16": round(c["req_per_s"] / b16["req_per_s"], 3),
+        f"C/{base}": round(runs["C"]["req_per_s"] / runs[base]["req_per_s"], 3)
+        for base in ("A", "B64", "B16")
+        if "C" in runs and base in runs
     }
-    lines = [
-        "| run | requests | req/s | output tok/s | p50 s | p90 s | p99 s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for row in (a, b16, b64, c):
-        lat = row["latency_s"]
-        lines.append(
-            f"| {row['name']} | {row['n']} | {row['req_per_s']} | {row['out_tok_per_s']} | "
-            f"{lat.get('p50')} | {lat.get('p90')} | {lat.get('p99')} |"
-        )
-    lines.append("")
-    lines.append(" ".join(f"{k} = {v}" for k, v in ratios.items()))
-    if cont.get("lone"):
-        lines += ["", "| batch_max_wait_ms | raw engine p50 s | qbatch e2e p50 s | added p50 ms | added p90 ms |",
-                  "| ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
-        for row in cont["lone"]:
+    lines = []
+    if runs:
+        lines += [
+            "| run | requests | req/s | output tok/s | p50 s | p90 s | p99 s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name in ("A", "B16", "B64", "C"):
+            if name not in runs:
+                continue
+            row, lat = runs[name], runs[name]["latency_s"]
             lines.append(
-                f"| {row['batch_max_wait_ms']} | {row['raw_engine_s']['p50']} | "
-                f"{row['qbatch_e2e_s']['p50']} | {row['added_ms_p50']} | {row['added_ms_p90']} |"
+                f"| {name} | {row['n']} | {row['req_per_s']} | {row['out_tok_per_s']} | "
+                f"{lat.get('p50')} | {lat.get('p90')} | {lat.get('p99')} |"
+            )
+        lines += ["", " ".join(f"{k} = {v}" for k, v in ratios.items())]
+    if cont.get("lone"):
+        lines += [
+            "",
+            "| batch_max_wait_ms | raw engine p50 ms | qbatch e2e p50 ms | added p50 / p90 ms"
+            " | reaches engine p50 / max ms | Kafka / batching / engine / reply p50 ms | target ms |",
+            "| ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        ]
+        for row in cont["lone"]:
+            p = row["parts_ms_p50"]
+            reach = row["reach_engine_ms"]
+            lines.append(
+                f"| {row['batch_max_wait_ms']} | {row['raw_engine_ms'].get('p50')} | "
+                f"{row['qbatch_e2e_ms'].get('p50')} | {row['added_ms'].get('p50')} / "
+                f"{row['added_ms'].get('p90')} | {reach.get('p50')} / {reach.get('max')} | "
+                f"{p.get('kafka')} / {p.get('batching')} / {p.get('engine')} / {p.get('reply')} | "
+                f"{row['target_ms']} |"
             )
     if cont.get("sweep"):
         lines += [
             "",
-            "| batch_max_wait_ms | requests | req/s | p50 s | p99 s |",
-            "| ---: | ---: | ---: | ---: | ---: |",
+            "| batch_max_wait_ms | requests | req/s | p50 s | p99 s | mean batch size |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for row in cont["sweep"]:
             lines.append(
                 f"| {row['settings']['batch_max_wait_ms']} | {row['n']} | {row['req_per_s']} | "
-                f"{row['latency_s'].get('p50')} | {row['latency_s'].get('p99')} |"
+                f"{row['latency_s'].get('p50')} | {row['latency_s'].get('p99')} | "
+                f"{row['mean_batch_size']} |"
             )
     text = "\n".join(lines)
     print(text)
     (out / "report.md").write_text(text + "\n")
-    (out / "summary.json").write_text(json.dumps({"runs": runs, "ratios": ratios}, indent=2))
+    _write_json(out / "summary.json", {"device": _gpu_name(), "runs": runs, "ratios": ratios})
+    names = [x for x in ("A", "B16", "B64", "C") if x in runs]
+    if not names:
+        return
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        names = ["A", "B16", "B64", "C"]
-        ax.bar(names, [runs[x]["req_per_s"] for x in names], color=["grey", "C1", "C1", "C0"])
-        ax.set_ylabel("requests/s")
-        ax.set_title("Workload W, Qwen3-14B (dummy weights), 1x H200")
-        for i, x in enumerate(names):
-            ax.text(
-                i, runs[x]["req_per_s"], f"{runs[x]['req_per_s']:.2f}", ha="center", va="bottom"
-            )
-        fig.tight_layout()
-        fig.savefig(out / "throughput.png", dpi=120)
     except ImportError:
         print("matplotlib not available: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    colours = {"A": "grey", "B16": "C1", "B64": "C1", "C": "C0"}
+    ax.bar(names, [runs[x]["req_per_s"] for x in names], color=[colours[x] for x in names])
+    ax.set_ylabel("requests/s")
+    ax.set_title(f"Workload W, Qwen3-14B (dummy weights), {_gpu_name()}")
+    for i, x in enumerate(names):
+        ax.text(i, runs[x]["req_per_s"], f"{runs[x]['req_per_s']:.2f}", ha="center", va="bottom")
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=120)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Workload W: raw vLLM vs qbatch")
-    parser.add_argument("phase", choices=["static", "continuous", "report"])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    parser.add_argument("--n", type=int, default=1500)
     parser.add_argument(
-        "--sweep", type=int, default=600, help="requests per wait setting; 0 = skip"
+        "phase", choices=["full", "static", "continuous", "knobs", "knob", "report"]
     )
-    parser.add_argument("--lone", type=int, default=10, help="lone requests per wait; 0 = skip")
+    parser.add_argument("knob", nargs="?", help="knob: the configuration to run (internal)")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    parser.add_argument("--n", type=int, default=1500, help="requests of W for A and C")
+    parser.add_argument("--sweep", type=int, default=400, help="requests per wait; 0 = skip")
+    parser.add_argument("--lone", type=int, default=20, help="lone requests per wait; 0 = skip")
+    parser.add_argument(
+        "--configs", default=",".join(KNOBS), help=f"knobs to run, of {', '.join(KNOBS)}"
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=540, help="full/knobs: stop children after this"
+    )
+    parser.add_argument(
+        "--engine", choices=["vllm", "echo"], default="vllm", help="echo: CPU dry run"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    dry = args.engine == "echo"
+    from worker.logs import configure
+
+    configure("info", "console")
     if args.phase == "report":
         report(args.out)
         return
+    if args.phase == "full":
+        phase_full(args.out, args.n, dry, args.budget_s)
+        return
+    if args.phase == "knobs":
+        names = [x for x in args.configs.split(",") if x]
+        unknown = set(names) - set(KNOBS)
+        if unknown:
+            parser.error(f"unknown knob configs: {sorted(unknown)}")
+        phase_knobs(args.out, names, dry, args.budget_s)
+        return
     if args.phase == "static":
-        phase_static(args.out, args.n)
+        phase_static(args.out, args.n, dry)
+    elif args.phase == "continuous":
+        phase_continuous(args.out, args.n, args.sweep, args.lone, dry)
     else:
-        phase_continuous(args.out, args.n, args.sweep, args.lone)
+        phase_knob(args.out, args.knob, dry)
     # Results are on disk. vLLM's engine teardown at interpreter exit can hang for
     # minutes (seen with the LLM class): do not spend device time waiting for it, but do
     # not leave the engine-core process holding the GPU for the next phase either.

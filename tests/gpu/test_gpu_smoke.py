@@ -174,3 +174,44 @@ def test_prompt_over_the_context_is_refused_before_the_gpu(pipeline: dict[str, A
     assert res["error"]["code"] == "context_length_exceeded"
     assert res["timings"].get("dispatched") is None  # never reached the engine
     assert time.perf_counter() - started < 5
+
+
+def test_response_format_json_schema_constrains_the_output(pipeline: dict[str, Any]) -> None:
+    """Structured outputs reach vLLM's grammar backend (xgrammar in the kit).
+
+    Random weights pick among the tokens the grammar allows, and JSON allows any amount of
+    whitespace, so the answer may run out of tokens before it closes; but every character it
+    did produce must be on the schema's path. Without the constraint, random weights
+    produce arbitrary tokens that almost never open with "{".
+    """
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    res = pipeline["send"](
+        {
+            "request_id": "structured",
+            "body": {
+                "messages": [{"role": "user", "content": "Is water wet? Answer in JSON."}],
+                "max_tokens": 96,
+                "temperature": 0,
+                "chat_template_kwargs": {"enable_thinking": False},
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "verdict", "schema": schema},
+                },
+            },
+        }
+    )
+    assert res["status"] == "succeeded", res
+    choice = res["response"]["choices"][0]
+    text = choice["message"]["content"] or ""
+    if choice["finish_reason"] == "stop":
+        jsonschema.validate(json.loads(text), schema)
+    else:
+        assert choice["finish_reason"] == "length"
+        assert text.strip() == "" or text.lstrip().startswith("{"), text[:200]

@@ -140,14 +140,15 @@ def test_poll_on_empty_is_none() -> None:
     assert b.poll() is None
 
 
-def test_late_item_joins_overdue_batch_and_add_returns_it() -> None:
-    # The batch is overdue but nobody polled yet; the newcomer rides along and add hands the
-    # batch out at once, so the caller never has to poll right after adding.
+def test_late_item_joins_overdue_batch_at_next_poll() -> None:
+    # The batch is overdue but nobody polled yet; the newcomer rides along, and only the
+    # poll that follows the adds closes the batch by age.
     b, clock = make(max_size=10, max_wait_ms=250)
     opened = clock.t
     b.add("a")
     clock.advance(1.0)
-    batch = b.add("late")
+    assert b.add("late") is None
+    batch = b.poll()
     assert batch is not None
     assert batch.items == ["a", "late"]
     assert batch.reason == "timeout"
@@ -177,16 +178,34 @@ def test_new_batch_opens_at_first_item_after_dispatch() -> None:
     assert batch is not None and batch.items == ["c"]
 
 
-def test_max_wait_zero_dispatches_immediately() -> None:
-    b, _ = make(max_size=8, max_wait_ms=0)
+def test_max_wait_zero_batches_what_arrived_together() -> None:
+    # One fetch of three records: one batch at the poll after the adds, no waiting.
+    b, clock = make(max_size=8, max_wait_ms=0)
     for x in "abc":
-        batch = b.add(x)
-        assert batch is not None
-        assert batch.items == [x]
-        assert batch.reason == "timeout"
-        assert batch.wait_s == 0
+        assert b.add(x) is None
+    assert b.time_until_due() == 0
+    batch = b.poll()
+    assert batch is not None
+    assert batch.items == ["a", "b", "c"]
+    assert batch.reason == "timeout"
+    assert batch.wait_s == 0
     assert len(b) == 0
     assert b.time_until_due() is None
+    # A lone record is dispatched alone, at once.
+    clock.advance(1.0)
+    b.add("d")
+    lone = b.poll()
+    assert lone is not None and lone.items == ["d"] and lone.wait_s == 0
+
+
+def test_max_wait_zero_still_splits_by_size() -> None:
+    b, _ = make(max_size=2, max_wait_ms=0)
+    assert b.add("a") is None
+    full = b.add("b")
+    assert full is not None and full.items == ["a", "b"] and full.reason == "size"
+    assert b.add("c") is None
+    rest = b.poll()
+    assert rest is not None and rest.items == ["c"]
 
 
 # -- time_until_due -------------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""The GPU benchmark's harness, run on the CPU with the echo engine (`--engine echo`).
+
+Device time is scarce (30 minutes a session), so a harness bug found there costs a call.
+These runs go through the same code paths as on the GPU (child processes per engine,
+records pre-loaded on Kafka, results read back from Redis, the lone-request breakdown,
+the reports) with a stand-in engine; the figures themselves mean nothing here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Stack
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+def bench(stack: Stack, out: Path, *args: str) -> str:
+    env = os.environ | {
+        "QBATCH_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+        "QBATCH_REDIS_URL": stack.redis_url,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.bench_gpu", *args, "--engine", "echo",
+         "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_full_run_measures_a_b_and_c_on_the_same_requests(stack: Stack, tmp_path: Path) -> None:
+    bench(stack, tmp_path, "full", "--n", "160", "--budget-s", "240")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    runs = summary["runs"]
+    assert set(runs) == {"A", "B16", "B64", "C"}
+    assert runs["C"]["succeeded"] == runs["C"]["n"] == 160
+    assert runs["B64"]["succeeded"] == 160 and runs["B16"]["succeeded"] == 160  # n < 320
+    assert runs["B16"]["mean_batch_size"] <= 16
+    assert set(summary["ratios"]) == {"C/A", "C/B64", "C/B16"}
+    assert all(v > 0 for v in summary["ratios"].values())
+    assert "C/A = " in (tmp_path / "report.md").read_text()
+
+
+def test_lone_latency_and_wait_sweep(stack: Stack, tmp_path: Path) -> None:
+    bench(stack, tmp_path, "continuous", "--n", "0", "--lone", "2", "--sweep", "100")
+    doc = json.loads((tmp_path / "continuous.json").read_text())
+    assert [row["batch_max_wait_ms"] for row in doc["lone"]] == [0, 10, 50]
+    for row in doc["lone"]:
+        parts = row["parts_ms_p50"]
+        assert set(parts) == {"kafka", "batching", "engine", "reply", "reach", "outside"}
+        # a lone request is held for the window, never much less
+        assert parts["batching"] >= row["batch_max_wait_ms"] - 1
+    sweep = {row["settings"]["batch_max_wait_ms"]: row for row in doc["sweep"]}
+    assert set(sweep) == {0, 10, 50}
+    assert all(row["succeeded"] == 100 for row in sweep.values())
+    # a pre-loaded backlog fills batches even with no wait: records fetched together
+    # are batched together
+    assert sweep[0]["mean_batch_size"] > 8
+
+
+def test_knobs_run_each_configuration_in_its_own_process(stack: Stack, tmp_path: Path) -> None:
+    bench(stack, tmp_path, "knobs", "--configs", "base,no-chunked-prefill", "--budget-s", "240")
+    doc = json.loads((tmp_path / "knobs.json").read_text())
+    configs = {c["config"]: c for c in doc["configs"]}
+    assert set(configs) == {"base", "no-chunked-prefill"}
+    assert configs["no-chunked-prefill"]["engine_overrides"] == {
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": 16384,
+    }
+    base = {run["workload"]: run for run in configs["base"]["runs"]}
+    assert set(base) == {"prefix", "w600", "long"}
+    assert all(run["succeeded"] == run["n"] for run in base.values())
+    assert set(base["long"]["latency_s_by_group"]) == {"long", "short"}  # 8K-16K prompts fit
+    table = (tmp_path / "knobs.md").read_text()
+    assert "| long | no-chunked-prefill |" in table
