@@ -448,7 +448,7 @@ def lone_latency(
 # ---------------------------------------------------------------------------- phases
 
 
-def phase_static(out: Path, n: int, dry: bool) -> None:
+def phase_static(out: Path, n: int, dry: bool, b64: int = 640, b16: int = 320) -> None:
     reqs = workload(n)
     engine = make_engine("static", dry)
     t0 = time.perf_counter()
@@ -456,8 +456,8 @@ def phase_static(out: Path, n: int, dry: bool) -> None:
     doc: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1), "runs": []}
     plan: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("A", lambda: run_raw(engine, reqs)),
-        ("B64", lambda: run_qbatch(engine, reqs[:640], "B64", engine_mode="static", batch_max_size=64)),
-        ("B16", lambda: run_qbatch(engine, reqs[:320], "B16", engine_mode="static", batch_max_size=16)),
+        ("B64", lambda: run_qbatch(engine, reqs[:b64], "B64", engine_mode="static", batch_max_size=64)),
+        ("B16", lambda: run_qbatch(engine, reqs[:b16], "B16", engine_mode="static", batch_max_size=16)),
     ]  # fmt: skip
     for _, measure in plan:
         doc["runs"].append(measure())
@@ -501,18 +501,18 @@ def phase_continuous(out: Path, n: int, sweep: int, lone: int, dry: bool) -> Non
 KNOB_MAX_MODEL_LEN = 16384
 KNOB_WORKLOADS: dict[str, Callable[[], list[Req]]] = {
     "prefix": lambda: prefix_workload(400),
-    "w600": lambda: workload(600),
+    "w400": lambda: workload(400),
     "long": lambda: long_workload(12, 240),
 }
 KNOBS: dict[str, tuple[dict[str, Any], list[str]]] = {
-    "base": ({}, ["prefix", "w600", "long"]),
+    "base": ({}, ["prefix", "w400", "long"]),
     "no-prefix-caching": ({"enable_prefix_caching": False}, ["prefix"]),
     "no-chunked-prefill": (
         {"enable_chunked_prefill": False, "max_num_batched_tokens": KNOB_MAX_MODEL_LEN},
         ["long"],
     ),
-    "max-num-seqs-256": ({"max_num_seqs": 256}, ["w600"]),
-    "fp8-kv-cache": ({"kv_cache_dtype": "fp8"}, ["w600"]),
+    "max-num-seqs-256": ({"max_num_seqs": 256}, ["w400"]),
+    "fp8-kv-cache": ({"kv_cache_dtype": "fp8"}, ["w400"]),
 }
 
 
@@ -564,13 +564,24 @@ def _gpu_memory_used_mib() -> int | None:
         return None
 
 
+def _wait_for_free_gpu(timeout_s: float = 60) -> None:
+    """The driver frees a dead process's memory within seconds; the next engine sizes its
+    KV cache from what is free, so it must not start before that."""
+    until = time.time() + timeout_s
+    while time.time() < until:
+        used = _gpu_memory_used_mib()
+        if used is None or used < 4096:
+            return
+        time.sleep(1)
+
+
 def run_child(args: list[str], log: Any, deadline: float) -> tuple[int | None, list[str]]:
     """This module in a child process group; its output into `log` and our stdout.
 
     Killed (the engine-core processes with it) at `deadline`; returns its exit status
-    (None when killed) and the lines it printed. Then waits for the GPU's memory to be
-    given back, so that the next engine finds 90% of it free.
+    (None when killed) and the lines it printed.
     """
+    _wait_for_free_gpu()
     cmd = [sys.executable, "-m", "tests.benchmarks.bench_gpu", *args]
     proc = subprocess.Popen(
         cmd,
@@ -602,11 +613,7 @@ def run_child(args: list[str], log: Any, deadline: float) -> tuple[int | None, l
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     pumper.join(timeout=10)
-    for _ in range(60):  # the driver frees a killed process's memory within seconds
-        used = _gpu_memory_used_mib()
-        if used is None or used < 4096:
-            break
-        time.sleep(1)
+    _wait_for_free_gpu()  # for whatever runs next, in this process or after it
     return rc, lines
 
 
@@ -664,13 +671,13 @@ def knobs_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def phase_full(out: Path, n: int, dry: bool, budget_s: float) -> None:
+def phase_full(out: Path, n: int, dry: bool, budget_s: float, b64: int, b16: int) -> None:
     """A, B64, B16 and C in one run, same requests: C's engine first, then the static one."""
     deadline = time.time() + budget_s
     extra = ["--engine", "echo"] if dry else []
     with (out / "full.log").open("a") as log:
         run_child(["continuous", "--out", str(out), "--n", str(n), "--lone", "0", "--sweep", "0", *extra], log, deadline)  # fmt: skip
-        run_child(["static", "--out", str(out), "--n", str(n), *extra], log, deadline)
+        run_child(["static", "--out", str(out), "--n", str(n), "--b64", str(b64), "--b16", str(b16), *extra], log, deadline)  # fmt: skip
     report(out)
 
 
@@ -770,6 +777,8 @@ def main() -> None:
     parser.add_argument("knob", nargs="?", help="knob: the configuration to run (internal)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     parser.add_argument("--n", type=int, default=1500, help="requests of W for A and C")
+    parser.add_argument("--b64", type=int, default=640, help="requests of W for B64")
+    parser.add_argument("--b16", type=int, default=320, help="requests of W for B16")
     parser.add_argument("--sweep", type=int, default=400, help="requests per wait; 0 = skip")
     parser.add_argument("--lone", type=int, default=20, help="lone requests per wait; 0 = skip")
     parser.add_argument(
@@ -791,7 +800,7 @@ def main() -> None:
         report(args.out)
         return
     if args.phase == "full":
-        phase_full(args.out, args.n, dry, args.budget_s)
+        phase_full(args.out, args.n, dry, args.budget_s, args.b64, args.b16)
         return
     if args.phase == "knobs":
         names = [x for x in args.configs.split(",") if x]
@@ -801,7 +810,7 @@ def main() -> None:
         phase_knobs(args.out, names, dry, args.budget_s)
         return
     if args.phase == "static":
-        phase_static(args.out, args.n, dry)
+        phase_static(args.out, args.n, dry, args.b64, args.b16)
     elif args.phase == "continuous":
         phase_continuous(args.out, args.n, args.sweep, args.lone, dry)
     else:

@@ -76,7 +76,7 @@ def test_knobs_run_each_configuration_in_its_own_process(stack: Stack, tmp_path:
         "max_num_batched_tokens": 16384,
     }
     base = {run["workload"]: run for run in configs["base"]["runs"]}
-    assert set(base) == {"prefix", "w600", "long"}
+    assert set(base) == {"prefix", "w400", "long"}
     assert all(run["succeeded"] == run["n"] for run in base.values())
     assert set(base["long"]["latency_s_by_group"]) == {"long", "short"}  # 8K-16K prompts fit
     table = (tmp_path / "knobs.md").read_text()
