@@ -42,6 +42,7 @@ from schemas import (
     encode_request,
     validate_envelope,
 )
+from schemas.kafka_compat import repair_idempotent_reset
 
 DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
@@ -212,7 +213,9 @@ class QBatchClient:
     @property
     def producer(self) -> Any:
         if self._producer is None:
-            self._producer = KafkaProducer(**self.settings.kafka_kwargs(), **self._producer_config)
+            self._producer = repair_idempotent_reset(
+                KafkaProducer(**self.settings.kafka_kwargs(), **self._producer_config)
+            )
         return self._producer
 
     # ------------------------------------------------------------ publishing

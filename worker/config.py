@@ -102,6 +102,13 @@ class WorkerSettings(ConnectionSettings):
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     session_timeout_ms: int = 45_000
     max_poll_interval_ms: int = 300_000
+    kafka_stall_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="Replace the Kafka consumer when, with partitions assigned and not "
+        "paused and the brokers reachable, no fetch has succeeded for this long "
+        "(kafka-python can stay stuck after a broker restart). 0 disables.",
+    )
 
     # --- service
     worker_id: str = Field(default_factory=_default_worker_id)

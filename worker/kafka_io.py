@@ -9,6 +9,7 @@ so they never run beside the loop; they must not block (see `commit_nowait`).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,6 +27,7 @@ from tenacity import (
 )
 
 from schemas import ContractError, dlq
+from schemas.kafka_compat import repair_idempotent_reset
 from worker.config import WorkerSettings
 from worker.logs import log
 
@@ -63,10 +65,83 @@ class _Listener(ConsumerRebalanceListener):
         self._on_assigned(set(assigned))
 
 
+_STALL_CHECK_S = 1.0
+_POLL_GAP_S = 5.0
+
+
+def _fetch_response_ok(response: Any) -> bool:
+    """A FetchResponse without a session error, and with a partition without error (or no
+    partitions at all: an incremental fetch session lists only the changed ones)."""
+    if getattr(response, "error_code", 0):
+        return False
+    codes = [p.error_code for topic in response.responses for p in topic.partitions]
+    return not codes or any(code == 0 for code in codes)
+
+
+def _snapshot(consumer: KafkaConsumer) -> str:
+    """kafka-python internals that decide whether the consumer fetches (for the log)."""
+    try:
+        now = time.monotonic()
+        parts = []
+        for tp, st in list(consumer._subscription.assignment.items()):
+            pos = st.position
+            retry = st.next_allowed_retry_time
+            parts.append(
+                f"p{tp.partition}:pos={pos and (pos.offset, pos.leader_epoch)}"
+                f",fetchable={st.is_fetchable()},paused={st.paused}"
+                f",validating={st.awaiting_validation},reset={st.reset_strategy}"
+                f",retry_in={retry and round(retry - now, 1)},hw={st.highwater}"
+            )
+        fetcher, coord, mgr = consumer._fetcher, consumer._coordinator, consumer._manager
+        pending = set(fetcher._nodes_with_pending_fetch_requests)
+        parked = [*fetcher._paused_completed_fetches, *fetcher._paused_partition_records]
+        epochs = {
+            tp.partition: mgr.cluster.leader_epoch_for_partition(tp)
+            for tp in list(consumer._subscription.assignment)
+        }
+        cluster = mgr.cluster
+
+        def task(future: Any) -> str:
+            return f"dead: {future.exception!r}" if future and future.is_done else "alive"
+
+        conns = [
+            f"{c} in_flight={len(c.in_flight_requests)} paused={sorted(c.paused)}"
+            for c in list(mgr._conns.values())
+        ]
+        return (
+            f"metadata_age_s={now - cluster._last_successful_refresh_ms / 1000:.1f}"
+            f" need_update={cluster.need_update}"
+            f" refresh_loop={task(cluster._refresh_loop_future)}"
+            f" heartbeat_loop={task(coord._heartbeat_loop_future)}"
+            f" coordinator={coord.coordinator_id} member={coord.state} gen={coord._generation}"
+            f" rejoin={coord.rejoin_needed} pending_fetch={pending}"
+            f" fetch_futures={len(fetcher._fetch_futures)}"
+            f" completed={len(fetcher._completed_fetches)} parked={parked}"
+            f" backoff={ {k: v[0] for k, v in list(mgr._backoff.items())} }"
+            f" conns={conns} leader_epochs={epochs}"
+            f" {' '.join(parts)}"
+        )
+    except Exception as exc:
+        return f"unavailable ({exc!r})"
+
+
 class RequestConsumer:
     def __init__(self, settings: WorkerSettings) -> None:
         self._settings = settings
-        self._consumer = KafkaConsumer(
+        self._listener: _Listener | None = None
+        self._paused = False
+        self.recreated = 0  # consumers replaced by the stall watchdog (see _check_stall)
+        self._stall_s = settings.kafka_stall_timeout_s
+        self._stall_limit = self._stall_s
+        self._last_fetch_ok = time.monotonic()
+        self._last_poll_end = time.monotonic()
+        self._next_check = 0.0
+        self._unfetchable_since: dict[TopicPartition, float] = {}
+        self._consumer = self._new_consumer()
+
+    def _new_consumer(self) -> KafkaConsumer:
+        settings = self._settings
+        consumer = KafkaConsumer(
             group_id=settings.group,
             enable_auto_commit=False,
             auto_offset_reset=settings.auto_offset_reset,
@@ -82,7 +157,8 @@ class RequestConsumer:
             client_id=f"qbatch-{settings.worker_id}",
             **settings.kafka_kwargs(),
         )
-        self._paused = False
+        self._watch_fetches(consumer)
+        return consumer
 
     def subscribe(self, on_revoked: Partitions, on_assigned: Partitions) -> None:
         # Subscribe, THEN load the topic's metadata, before the first JoinGroup (first
@@ -93,20 +169,127 @@ class RequestConsumer:
         # second rebalance ~0.5 s after start. That rebalance is what dropped records
         # (see Worker._on_assigned) and, under load, never finished: the member expired,
         # the group went Empty and poll() spun at ~90% CPU without consuming.
+        self._listener = _Listener(on_revoked, on_assigned)
+        self._subscribe()
+
+    def _subscribe(self) -> None:
         topic = self._settings.topic
-        self._consumer.subscribe([topic], listener=_Listener(on_revoked, on_assigned))
+        self._consumer.subscribe([topic], listener=self._listener)
         deadline = time.monotonic() + 30
         while not self._consumer.partitions_for_topic(topic) and time.monotonic() < deadline:
             time.sleep(0.2)  # topic not created yet: go on after 30 s (rebalance later)
 
     def poll(self, timeout_s: float, max_records: int) -> list[Any]:
+        start = time.monotonic()
+        if start - self._last_poll_end > _POLL_GAP_S:
+            # The loop was busy elsewhere (a long commit, a drain): no fetch could be sent
+            # meanwhile, so that time is not a stall.
+            self._reset_watch(start)
         batches = self._consumer.poll(
             timeout_ms=max(0, int(timeout_s * 1000)), max_records=max(1, max_records)
         )
         records: list[Any] = []
         for chunk in batches.values():
             records.extend(chunk)
+        now = self._last_poll_end = time.monotonic()
+        if records:
+            self._last_fetch_ok = now
+        if self._stall_s > 0 and now >= self._next_check:
+            self._next_check = now + _STALL_CHECK_S
+            self._check_stall(now)
         return records
+
+    # ------------------------------------------------------------------ stall watchdog
+    #
+    # kafka-python 3.0.12 can come out of a broker restart with a consumer that is in the
+    # group (heartbeats fine, nothing logged above INFO) but never fetches again: one CI
+    # run of tests/reliability/test_kafka_outage.py got no result for 120 s after the
+    # broker was back. The watchdog notices "assigned, not paused by us, brokers
+    # reachable, and no healthy fetch response (or a partition not fetchable) for
+    # kafka_stall_timeout_s", logs kafka-python's internal state (to find the cause) and
+    # replaces the KafkaConsumer: the old one is closed (its partitions revoked through
+    # the listener, as in a rebalance), a new one joins the group.
+
+    def _watch_fetches(self, consumer: KafkaConsumer) -> None:
+        fetcher = getattr(consumer, "_fetcher", None)
+        handler = getattr(fetcher, "_handle_fetch_response", None)
+        if fetcher is None or handler is None:
+            return  # another kafka-python: rely on records only
+
+        def _handle(node_id: Any, fetch_offsets: Any, send_time: Any, response: Any) -> Any:
+            try:
+                if _fetch_response_ok(response):
+                    self._last_fetch_ok = time.monotonic()
+            except Exception:
+                pass
+            return handler(node_id, fetch_offsets, send_time, response)
+
+        fetcher._handle_fetch_response = _handle
+
+    def _reset_watch(self, now: float) -> None:
+        self._last_fetch_ok = now
+        self._unfetchable_since.clear()
+
+    def _check_stall(self, now: float) -> None:
+        assigned = self.assignment()
+        if not assigned or self._paused:
+            self._reset_watch(now)
+            return
+        reasons: list[str] = []
+        if now - self._last_fetch_ok > self._stall_limit:
+            reasons.append(f"no fetch response for {now - self._last_fetch_ok:.0f}s")
+        states = getattr(getattr(self._consumer, "_subscription", None), "assignment", {})
+        for tp in assigned:
+            state = states.get(tp)
+            if state is None or getattr(state, "paused", False) or state.is_fetchable():
+                self._unfetchable_since.pop(tp, None)
+                continue
+            since = self._unfetchable_since.setdefault(tp, now)
+            if now - since > self._stall_limit:
+                reasons.append(f"partition {tp.partition} not fetchable for {now - since:.0f}s")
+        if not reasons:
+            if now - self._last_fetch_ok < _STALL_CHECK_S * 2:
+                self._stall_limit = self._stall_s  # healthy again: back to the base limit
+            return
+        if not self._brokers_reachable():
+            # Kafka is down: kafka-python reconnects by itself; a new consumer would not help.
+            self._reset_watch(now)
+            return
+        log.warning(
+            "kafka_consumer_stalled",
+            reasons=reasons,
+            action="replacing the KafkaConsumer",
+            state=_snapshot(self._consumer),
+        )
+        self._recreate()
+        # A cause a new consumer does not cure (a partition offline while the broker
+        # answers) must not make the worker rejoin every 30 s: back off up to 10 min.
+        self._stall_limit = min(self._stall_limit * 2, 600.0)
+        self._reset_watch(time.monotonic())
+
+    def _brokers_reachable(self) -> bool:
+        for server in self._settings.kafka_bootstrap.split(","):
+            host, _, port = server.strip().rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]") or "localhost", int(port)), 2):
+                    return True
+            except (OSError, ValueError):
+                continue
+        return False
+
+    def _recreate(self) -> None:
+        """Close the consumer (revoking its partitions) and join the group with a new one."""
+        old = self._consumer
+        try:
+            old.close(autocommit=False, timeout_ms=5_000)
+        except Exception as exc:
+            log.warning("kafka_consumer_close_failed", error=repr(exc))
+        self._consumer = self._new_consumer()
+        self.recreated += 1
+        if self._listener is not None:
+            self._subscribe()
+        if self._paused:
+            self.pause()
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
@@ -196,14 +379,16 @@ class DeadLetters:
 
     def __init__(self, settings: WorkerSettings) -> None:
         self._topic = settings.dlq_topic
-        self._producer = KafkaProducer(
-            acks="all",
-            retries=10,
-            linger_ms=5,
-            max_block_ms=5_000,
-            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
-            client_id=f"qbatch-dlq-{settings.worker_id}",
-            **settings.kafka_kwargs(),
+        self._producer = repair_idempotent_reset(
+            KafkaProducer(
+                acks="all",
+                retries=10,
+                linger_ms=5,
+                max_block_ms=5_000,
+                reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
+                client_id=f"qbatch-dlq-{settings.worker_id}",
+                **settings.kafka_kwargs(),
+            )
         )
         self._lock = threading.Lock()
         self._unflushed = 0

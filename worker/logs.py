@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import os
+import signal
 import sys
 
 import structlog
@@ -29,6 +32,22 @@ def configure(level: str = "info", fmt: str = "json") -> None:
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # Opt-in, for chasing client defects (tests/reliability/README.md): kafka-python at
+    # DEBUG, with timestamps, to a file; SIGUSR1 dumps every thread's stack to stderr.
+    debug_log = os.environ.get("QBATCH_KAFKA_DEBUG_LOG")
+    if debug_log:
+        handler = logging.FileHandler(debug_log)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
+        )
+        kafka_log = logging.getLogger("kafka")
+        kafka_log.setLevel(logging.DEBUG)
+        kafka_log.addHandler(handler)
+        kafka_log.propagate = False
+        warnings = logging.StreamHandler(sys.stderr)
+        warnings.setLevel(logging.WARNING)
+        kafka_log.addHandler(warnings)
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
 log = structlog.get_logger("qbatch.worker")

@@ -1,0 +1,68 @@
+"""kafka-python 3.0.12 work-arounds: the idempotent producer's id reset, the stall check."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from kafka.producer.transaction_manager import (
+    ProducerIdAndEpoch,
+    TransactionManager,
+    TransactionState,
+)
+
+from schemas.kafka_compat import repair_idempotent_reset
+from worker.kafka_io import _fetch_response_ok
+
+
+def _ready_manager() -> TransactionManager:
+    tm = TransactionManager(transactional_id=None)
+    tm.init_producer_id()  # UNINITIALIZED -> INITIALIZING, InitProducerId queued
+    tm.next_request_handler(False)  # the sender takes it
+    tm.set_producer_id_and_epoch(ProducerIdAndEpoch(7, 0))
+    tm._transition_to(TransactionState.READY)
+    return tm
+
+
+def test_unpatched_reset_leaves_the_producer_without_an_id_forever() -> None:
+    """The defect: after reset_producer_id() the sender's init_producer_id() is a no-op."""
+    tm = _ready_manager()
+    tm.reset_producer_id()  # what the sender does when an in-flight batch expired
+    tm.init_producer_id()  # what the sender does on every loop while it has no id
+    assert not tm.has_producer_id()
+    assert tm._current_state is TransactionState.READY
+    assert tm.next_request_handler(False) is None  # no InitProducerId: wedged
+
+
+def test_repaired_reset_asks_for_a_new_producer_id() -> None:
+    tm = _ready_manager()
+    repair_idempotent_reset(SimpleNamespace(_transaction_manager=tm))
+    tm.reset_producer_id()
+    assert tm._current_state is TransactionState.UNINITIALIZED
+    tm.init_producer_id()
+    assert tm._current_state is TransactionState.INITIALIZING
+    handler = tm.next_request_handler(False)
+    assert handler is not None and type(handler).__name__ == "InitProducerIdHandler"
+
+
+def test_repair_leaves_transactional_and_plain_producers_alone() -> None:
+    plain = SimpleNamespace(_transaction_manager=None)
+    assert repair_idempotent_reset(plain) is plain
+    txn = TransactionManager(transactional_id="t1")
+    original = txn.reset_producer_id
+    repair_idempotent_reset(SimpleNamespace(_transaction_manager=txn))
+    assert txn.reset_producer_id == original
+
+
+def _response(error_code: int = 0, partition_codes: tuple[int, ...] = ()) -> Any:
+    parts = [SimpleNamespace(error_code=c) for c in partition_codes]
+    return SimpleNamespace(
+        error_code=error_code, responses=[SimpleNamespace(topic="t", partitions=parts)]
+    )
+
+
+def test_fetch_response_ok() -> None:
+    assert _fetch_response_ok(_response())  # incremental session: nothing changed
+    assert _fetch_response_ok(_response(partition_codes=(0, 74)))
+    assert not _fetch_response_ok(_response(partition_codes=(74, 74)))  # all fenced
+    assert not _fetch_response_ok(_response(error_code=70))  # fetch session not found
