@@ -195,28 +195,43 @@ def _write_json(path: Path, data: Any) -> None:
 # ---------------------------------------------------------------------------- runs
 
 
+def worker_sampling(engine: Any, reqs: list[Req]) -> list[Any]:
+    """The sampling each request gets inside the worker: the same envelope through the same
+    renderer, with the model's generation defaults (Qwen3: top_k 20, top_p 0.95) filling
+    what the request leaves unset. A must sample exactly as C does, or the comparison
+    measures the sampler (top-k/top-p over a 151k vocabulary costs GPU time every step)."""
+    from schemas import RequestEnvelope
+    from worker.rendering import PromptRenderer
+
+    renderer = PromptRenderer(
+        engine.tokenizer,
+        max_model_len=engine.max_model_len,
+        served_names={"Qwen3-14B"},
+        generation_defaults=getattr(engine, "generation_defaults", None),
+    )
+    return [
+        renderer.render(RequestEnvelope.model_validate(_envelope(r, i))).sampling
+        for i, r in enumerate(reqs)
+    ]
+
+
 def run_raw(engine: Any, reqs: list[Req]) -> dict[str, Any]:
     """A: all prompts in one `LLM.generate` (dry run: all through `submit`)."""
+    specs = worker_sampling(engine, reqs)
     t0 = time.perf_counter()
     if hasattr(engine, "_llm"):
-        from vllm import SamplingParams
+        from worker.engines.vllm_engine import sampling_params
 
-        params = [
-            SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.7, seed=i)
-            for i, r in enumerate(reqs)
-        ]
+        params = [sampling_params(spec) for spec in specs]
         prompts = [{"prompt_token_ids": r.prompt} for r in reqs]
         outs = engine._llm.generate(prompts, params, use_tqdm=False)
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     else:
-        from worker.engines.base import EngineRequest, SamplingSpec
+        from worker.engines.base import EngineRequest
 
         left = threading.Semaphore(0)
         engine.submit(
-            [
-                EngineRequest(r.rid, "", r.prompt, SamplingSpec(max_tokens=r.max_tokens))
-                for r in reqs
-            ],
+            [EngineRequest(r.rid, "", r.prompt, spec) for r, spec in zip(reqs, specs, strict=True)],
             lambda _out: left.release(),
         )
         for _ in reqs:
@@ -230,6 +245,7 @@ def run_raw(engine: Any, reqs: list[Req]) -> dict[str, Any]:
         "req_per_s": round(len(reqs) / elapsed, 3),
         "out_tok_per_s": round(tokens / elapsed, 1),
         "latency_s": {"p50": round(elapsed, 3), "p90": round(elapsed, 3), "p99": round(elapsed, 3)},
+        "sampling": {k: getattr(specs[0], k) for k in ("temperature", "top_p", "top_k")},
         "note": "LLM.generate returns all outputs at once: every latency is the whole run",
     }
 
@@ -459,7 +475,10 @@ def phase_static(out: Path, n: int, dry: bool, b64: int = 640, b16: int = 320) -
         ("B64", lambda: run_qbatch(engine, reqs[:b64], "B64", engine_mode="static", batch_max_size=64)),
         ("B16", lambda: run_qbatch(engine, reqs[:b16], "B16", engine_mode="static", batch_max_size=16)),
     ]  # fmt: skip
-    for _, measure in plan:
+    sizes = {"A": n, "B64": b64, "B16": b16}
+    for name, measure in plan:
+        if not sizes[name]:
+            continue
         doc["runs"].append(measure())
         print(json.dumps(doc["runs"][-1]), flush=True)
         _write_json(out / "static.json", doc)

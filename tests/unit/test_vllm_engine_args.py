@@ -8,7 +8,7 @@ import pytest
 
 from worker.config import WorkerSettings
 from worker.engines import resolve_engine_name
-from worker.engines.vllm_engine import VllmEngine, engine_kwargs
+from worker.engines.vllm_engine import VllmEngine, describe_error, engine_kwargs
 
 
 def settings(**kw: object) -> WorkerSettings:
@@ -88,3 +88,20 @@ def test_auto_engine_without_vllm_is_transformers() -> None:
     auto = WorkerSettings(engine="auto", model="m")  # type: ignore[arg-type]
     assert resolve_engine_name(auto) == "transformers"
     assert resolve_engine_name(WorkerSettings(engine="echo")) == "echo"  # type: ignore[arg-type]
+
+
+def test_describe_error_reports_the_causes_of_an_empty_wrapper() -> None:
+    class EngineGenerateError(Exception):
+        pass
+
+    try:
+        try:
+            raise ValueError("grammar compilation failed: unsupported keyword")
+        except ValueError as cause:
+            raise EngineGenerateError() from cause
+    except EngineGenerateError as exc:
+        text = describe_error(exc)
+    assert (
+        text == "EngineGenerateError <- ValueError: grammar compilation failed: unsupported keyword"
+    )
+    assert describe_error(RuntimeError("plain")) == "RuntimeError: plain"

@@ -98,6 +98,24 @@ def sampling_params(spec: SamplingSpec) -> Any:
     return SamplingParams(**kwargs)
 
 
+def describe_error(exc: BaseException) -> str:
+    """The exception and its causes, outermost first.
+
+    vLLM wraps engine failures in `EngineGenerateError` with an empty message; the reason
+    is in its `__cause__` (seen on the H200: a structured-output request failed with
+    nothing but "EngineGenerateError: " in its result).
+    """
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(parts) < 5:
+        seen.add(id(current))
+        text = str(current)
+        parts.append(f"{type(current).__name__}: {text}" if text else type(current).__name__)
+        current = current.__cause__ or current.__context__
+    return " <- ".join(parts)
+
+
 def _finish(reason: str | None) -> EngineFinish:
     if reason == "length":
         return "length"
@@ -268,9 +286,7 @@ class VllmEngine(Engine):
             ):
                 final = output
         except Exception as exc:
-            on_done(
-                EngineOutput(request.key, "", 0, 0, "error", error=f"{type(exc).__name__}: {exc}")
-            )
+            on_done(EngineOutput(request.key, "", 0, 0, "error", error=describe_error(exc)))
             return
         if final is None:
             on_done(EngineOutput(request.key, "", 0, 0, "error", error="engine returned nothing"))
