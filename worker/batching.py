@@ -11,10 +11,9 @@ At most one batch is ever pending: an ``add`` that fills it hands it out, so
 ``len(batcher) < max_size`` between calls and no queue of ready batches can build up inside
 the batcher. Only ``poll`` closes a batch by age: records that arrived together (one fetch)
 therefore share a batch even with ``max_wait_ms=0``, which then means "no waiting for
-company that has not arrived yet" rather than "one request per batch". Per-request batches
-cost a Redis round trip and a thread hand-off to the engine each: on the H200 a backlog
-served in one-request batches ran a third slower (22.8 vs 34.7 req/s, see
-tests/benchmarks/RESULTS.md).
+company that has not arrived yet" rather than "one request per batch": per-request batches
+would cost a Redis admission round trip and a thread hand-off to the engine each, for
+records that were all in hand at once.
 """
 
 from __future__ import annotations

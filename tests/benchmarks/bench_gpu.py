@@ -163,6 +163,23 @@ def kv_cache_tokens(engine: Any) -> int | None:
         return None
 
 
+def reset_prefix_cache(engine: Any) -> None:
+    """Forget the KV blocks earlier runs left behind, so that no run is served from the
+    prefix cache of another. (The previous session's wait sweep ran the same prompts
+    three times and credited the cache hits of the 2nd and 3rd runs to their settings;
+    its B16 ran the prompts B64 had just run.)"""
+    llm = getattr(engine, "_llm", None)
+    if llm is None:
+        return
+    loop = getattr(engine, "_loop", None)
+    if loop is not None:  # AsyncLLM: a coroutine, on the engine's loop
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(llm.reset_prefix_cache(), loop).result(60)
+    else:
+        llm.reset_prefix_cache()
+
+
 def percentiles(values: list[float], digits: int = 3) -> dict[str, float]:
     if not values:
         return {}
@@ -218,6 +235,7 @@ def worker_sampling(engine: Any, reqs: list[Req]) -> list[Any]:
 def run_raw(engine: Any, reqs: list[Req]) -> dict[str, Any]:
     """A: all prompts in one `LLM.generate` (dry run: all through `submit`)."""
     specs = worker_sampling(engine, reqs)
+    reset_prefix_cache(engine)
     t0 = time.perf_counter()
     if hasattr(engine, "_llm"):
         from worker.engines.vllm_engine import sampling_params
@@ -334,6 +352,7 @@ def run_qbatch(engine: Any, reqs: list[Req], name: str, **worker_settings: Any) 
     producer.flush()
     producer.close()
 
+    reset_prefix_cache(engine)
     worker, thread = _start_worker(engine, run, **worker_settings)
     deadline = time.time() + 1800
     while time.time() < deadline:
@@ -464,12 +483,30 @@ def lone_latency(
 # ---------------------------------------------------------------------------- phases
 
 
-def phase_static(out: Path, n: int, dry: bool, b64: int = 640, b16: int = 320) -> None:
+def warm_up(engine: Any, n: int, mode: str) -> None:
+    """n requests of their own (another seed) through the same path before anything is
+    timed, so that one-off costs (Triton kernels compiled at the first sampling step,
+    lazily started loops) are not billed to the first measured run."""
+    if n:
+        reqs = [
+            Req(f"warm{i:05d}", r.prompt, r.max_tokens) for i, r in enumerate(workload(n, seed=99))
+        ]
+        if mode == "static":
+            run_raw(engine, reqs)
+        else:
+            run_qbatch(engine, reqs, "warmup", batch_max_size=64, batch_max_wait_ms=50)
+
+
+def phase_static(
+    out: Path, n: int, dry: bool, b64: int = 640, b16: int = 320, warmup: int = 0
+) -> None:
     reqs = workload(n)
     engine = make_engine("static", dry)
     t0 = time.perf_counter()
     engine.start()
     doc: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1), "runs": []}
+    warm_up(engine, warmup, "static")
+    doc["warmup"] = warmup
     plan: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("A", lambda: run_raw(engine, reqs)),
         ("B64", lambda: run_qbatch(engine, reqs[:b64], "B64", engine_mode="static", batch_max_size=64)),
@@ -484,16 +521,18 @@ def phase_static(out: Path, n: int, dry: bool, b64: int = 640, b16: int = 320) -
         _write_json(out / "static.json", doc)
 
 
-def phase_continuous(out: Path, n: int, sweep: int, lone: int, dry: bool) -> None:
+def phase_continuous(out: Path, n: int, sweep: int, lone: int, dry: bool, warmup: int = 0) -> None:
     engine = make_engine("continuous", dry)
     t0 = time.perf_counter()
     engine.start()
     doc: dict[str, Any] = {
         "startup_s": round(time.perf_counter() - t0, 1),
+        "warmup": warmup,
         "runs": [],
         "lone": [],
         "sweep": [],
     }
+    warm_up(engine, warmup, "continuous")
     if n:
         reqs = workload(n)
         doc["runs"].append(run_qbatch(engine, reqs, "C", batch_max_size=64, batch_max_wait_ms=50))
@@ -690,10 +729,12 @@ def knobs_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def phase_full(out: Path, n: int, dry: bool, budget_s: float, b64: int, b16: int) -> None:
+def phase_full(
+    out: Path, n: int, dry: bool, budget_s: float, b64: int, b16: int, warmup: int = 0
+) -> None:
     """A, B64, B16 and C in one run, same requests: C's engine first, then the static one."""
     deadline = time.time() + budget_s
-    extra = ["--engine", "echo"] if dry else []
+    extra = (["--engine", "echo"] if dry else []) + ["--warmup", str(warmup)]
     with (out / "full.log").open("a") as log:
         run_child(["continuous", "--out", str(out), "--n", str(n), "--lone", "0", "--sweep", "0", *extra], log, deadline)  # fmt: skip
         run_child(["static", "--out", str(out), "--n", str(n), "--b64", str(b64), "--b16", str(b16), *extra], log, deadline)  # fmt: skip
@@ -799,6 +840,9 @@ def main() -> None:
     parser.add_argument("--b64", type=int, default=640, help="requests of W for B64")
     parser.add_argument("--b16", type=int, default=320, help="requests of W for B16")
     parser.add_argument("--sweep", type=int, default=400, help="requests per wait; 0 = skip")
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="untimed requests through each engine first"
+    )
     parser.add_argument("--lone", type=int, default=20, help="lone requests per wait; 0 = skip")
     parser.add_argument(
         "--configs", default=",".join(KNOBS), help=f"knobs to run, of {', '.join(KNOBS)}"
@@ -819,7 +863,7 @@ def main() -> None:
         report(args.out)
         return
     if args.phase == "full":
-        phase_full(args.out, args.n, dry, args.budget_s, args.b64, args.b16)
+        phase_full(args.out, args.n, dry, args.budget_s, args.b64, args.b16, args.warmup)
         return
     if args.phase == "knobs":
         names = [x for x in args.configs.split(",") if x]
@@ -829,9 +873,9 @@ def main() -> None:
         phase_knobs(args.out, names, dry, args.budget_s)
         return
     if args.phase == "static":
-        phase_static(args.out, args.n, dry, args.b64, args.b16)
+        phase_static(args.out, args.n, dry, args.b64, args.b16, args.warmup)
     elif args.phase == "continuous":
-        phase_continuous(args.out, args.n, args.sweep, args.lone, dry)
+        phase_continuous(args.out, args.n, args.sweep, args.lone, dry, args.warmup)
     else:
         phase_knob(args.out, args.knob, dry)
     # Results are on disk. vLLM's engine teardown at interpreter exit can hang for

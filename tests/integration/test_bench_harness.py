@@ -37,7 +37,7 @@ def bench(stack: Stack, out: Path, *args: str) -> str:
 
 
 def test_full_run_measures_a_b_and_c_on_the_same_requests(stack: Stack, tmp_path: Path) -> None:
-    bench(stack, tmp_path, "full", "--n", "160", "--budget-s", "240")
+    bench(stack, tmp_path, "full", "--n", "160", "--budget-s", "240", "--warmup", "32")
     summary = json.loads((tmp_path / "summary.json").read_text())
     runs = summary["runs"]
     assert set(runs) == {"A", "B16", "B64", "C"}
@@ -47,6 +47,9 @@ def test_full_run_measures_a_b_and_c_on_the_same_requests(stack: Stack, tmp_path
     assert set(summary["ratios"]) == {"C/A", "C/B64", "C/B16"}
     assert all(v > 0 for v in summary["ratios"].values())
     assert "C/A = " in (tmp_path / "report.md").read_text()
+    # the warm-up ran through both engines and is not among the measured runs
+    for phase in ("static", "continuous"):
+        assert json.loads((tmp_path / f"{phase}.json").read_text())["warmup"] == 32
 
 
 def test_lone_latency_and_wait_sweep(stack: Stack, tmp_path: Path) -> None:
