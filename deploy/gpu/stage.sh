@@ -108,7 +108,9 @@ for f in chosen.values():
     tags = f[:-4].split("-")[2:]
     py, abi, plat = tags[-3:]
     pys = py.split(".")
-    if not any(x == "py3" or x in ("cp312", "cp38", "cp39") for x in pys) or not (
+    # py3 and py3N (N <= 12: pip offers py37 ... py312 to a 3.12 interpreter), cp312,
+    # and the abi3 wheels' cp38 / cp39.
+    if not any(re.fullmatch(r"py3(\d*)", x) and int(x[3:] or 0) <= 12 or x in ("cp312", "cp38", "cp39") for x in pys) or not (
         plat == "any" or "x86_64" in plat
     ):
         sys.exit(f"stage: ERROR: {f} is not for CPython 3.12 linux x86_64")
