@@ -10,7 +10,7 @@ Runs on the lent GPU machine with the whole stack there (deploy/gpu/README.md):
 
 - A: `LLM.generate` over all requests at once (the engine's ceiling);
 - B16 / B64: qbatch `static` mode (one blocking generate per micro-batch of 16 / 64),
-  over the first 320 / 640 requests;
+  over the first `--b16` / `--b64` requests (320 / 640);
 - C: qbatch `continuous` mode (the default).
 B and C go through the real pipeline: records pre-loaded on Kafka, results read back
 from Redis, timed from the first record dequeued to the last result seen in Redis.
@@ -20,6 +20,9 @@ gets, with `max_tokens` fixed per request and `ignore_eos` (random weights).
 `full` and `knobs` run each engine in a child process (its own process group, killed
 when done) because `LLM` and `AsyncLLM` each take 90% of the GPU's memory, and write
 what they have measured after every run, so a call cut short still brings back figures.
+`--warmup N` first sends N requests of another seed through each engine, untimed: the
+first sampled batch on a machine compiles Triton kernels, which would otherwise be billed
+to whichever run comes first. vLLM's prefix cache is reset before every measured run.
 `--engine echo` runs the same harness on the CPU with the echo engine (a dry run of the
 plumbing; its figures mean nothing).
 """
