@@ -109,7 +109,7 @@ def run_once(n: int, partitions: int, redis_db: int, extra: list[str]) -> dict[s
     }
 
 
-def lone(waits: list[float], count: int) -> list[dict[str, Any]]:
+def lone(waits: list[float], count: int, worker_args: list[str]) -> list[dict[str, Any]]:
     """Lone requests, one at a time: how long until each reaches the engine.
 
     "Reaches the engine" is the producer's `submitted_at` -> the worker's `dispatched`
@@ -123,10 +123,10 @@ def lone(waits: list[float], count: int) -> list[dict[str, Any]]:
     for wait in waits:
         lane = Lane.new("lone")
         lane.create_topics(8)
-        worker = start_worker(lane, "--batch-max-wait-ms", str(wait))
+        worker = start_worker(lane, "--batch-max-wait-ms", str(wait), *worker_args)
         producer = KafkaProducer(bootstrap_servers=lane.bootstrap, linger_ms=0, acks=1)
         time.sleep(3)  # group join
-        reach, e2e = [], []
+        reach, e2e, hop, batching = [], [], [], []
         try:
             for i in range(count + 3):
                 rid = f"l{i}"
@@ -144,6 +144,8 @@ def lone(waits: list[float], count: int) -> list[dict[str, Any]]:
                 if i >= 3:  # warm-up
                     e2e.append(elapsed * 1000)
                     reach.append(timings["dispatched"] - timings["submitted"])
+                    hop.append(timings["dequeued"] - timings["submitted"])
+                    batching.append(timings["dispatched"] - timings["dequeued"])
                 time.sleep(0.1)
         finally:
             producer.close()
@@ -156,6 +158,8 @@ def lone(waits: list[float], count: int) -> list[dict[str, Any]]:
                 "reach_engine_ms_p50": statistics.median(reach),
                 "reach_engine_ms_max": max(reach),
                 "round_trip_ms_p50": round(statistics.median(e2e), 1),
+                "kafka_hop_ms_p50": statistics.median(hop),
+                "worker_ms_p50": statistics.median(batching),
             }
         )
     return rows
@@ -171,11 +175,15 @@ def main() -> None:
     parser.add_argument("worker_args", nargs="*", help="extra qbatch-worker flags after --")
     args = parser.parse_args()
     if args.lone:
-        print(f"{'wait ms':>8} {'reach engine p50 ms':>20} {'max ms':>8} {'round trip p50 ms':>18}")
-        for row in lone([0, 10, 50], args.lone):
+        print(
+            f"{'wait ms':>8} {'reach engine p50 ms':>20} {'max ms':>8} {'round trip p50 ms':>18}"
+            f" {'Kafka hop p50 ms':>17} {'worker p50 ms':>14}"
+        )
+        for row in lone([0, 10, 50], args.lone, args.worker_args):
             print(
                 f"{row['batch_max_wait_ms']:>8} {row['reach_engine_ms_p50']:>20} "
                 f"{row['reach_engine_ms_max']:>8} {row['round_trip_ms_p50']:>18}"
+                f" {row['kafka_hop_ms_p50']:>17} {row['worker_ms_p50']:>14}"
             )
         return
     sizes = args.n or [10_000, 100_000]
