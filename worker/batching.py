@@ -1,11 +1,16 @@
 """The micro-batching rule: when a group of pending requests is handed to the engine.
 
-A batch is due when ``max_size`` items are gathered or ``max_wait_ms`` has passed since its
-first item arrived, whichever comes first. Larger batches use the GPU better; the wait bound
-caps the latency a lone request pays at low load. The rule is kept free of I/O, threads and
-real time so that it can be tested exactly under a fake clock: the worker's loop drives it by
-calling :meth:`MicroBatcher.add` for every record of a fetch and :meth:`MicroBatcher.poll`
-once after them, using :meth:`MicroBatcher.time_until_due` as its poll timeout.
+A batch is due when ``max_size`` items are gathered or its first item has waited
+``max_wait_ms``, whichever comes first. An item's wait can start before it reaches the
+batcher: the worker passes the time a record spent in Kafka (its timestamp to now), so the
+window is a bound on the wait since submission rather than one paid on top of the broker's
+hop (4-5 ms on the H200 machine, more behind a consumer lag). Larger batches use the GPU
+better; the wait bound caps the latency a lone request pays at low load.
+
+The rule is kept free of I/O, threads and real time so that it can be tested exactly under
+a fake clock: the worker's loop drives it by calling :meth:`MicroBatcher.add` for every
+record of a fetch and :meth:`MicroBatcher.poll` once after them, using
+:meth:`MicroBatcher.time_until_due` as its poll timeout.
 
 At most one batch is ever pending: an ``add`` that fills it hands it out, so
 ``len(batcher) < max_size`` between calls and no queue of ready batches can build up inside
@@ -36,7 +41,8 @@ class Batch(Generic[T]):
     """A closed micro-batch, with the timing the worker exports as its batch-wait metric."""
 
     items: list[T]
-    # Arrival time of the earliest item: the instant the wait bound is measured from.
+    # When the earliest item started waiting (its arrival, back-dated by the wait it
+    # brought along): the instant the wait bound is measured from.
     opened_at: float
     closed_at: float
     reason: BatchReason
@@ -119,8 +125,15 @@ class MicroBatcher(Generic[T]):
         opened = self.opened_at
         return None if opened is None else opened + self._max_wait_s
 
-    def add(self, item: T, priority: int = 0, now: float | None = None) -> Batch[T] | None:
+    def add(
+        self, item: T, priority: int = 0, now: float | None = None, waited_s: float = 0.0
+    ) -> Batch[T] | None:
         """Queue ``item``; returns the pending batch, this item included, if it is now full.
+
+        ``waited_s`` is how long the item already waited before it got here (the worker:
+        its time in Kafka). It counts against the window, clamped to ``[0, max_wait]``: a
+        clock skewed backwards cannot hold a batch longer than the window, one skewed
+        forwards can at most make the batch due at the next poll, as ``max_wait_ms=0``.
 
         A batch that is due by age is left for the next :meth:`poll`, which the caller runs
         once after adding everything it has in hand: an item that arrives after the pending
@@ -128,11 +141,13 @@ class MicroBatcher(Generic[T]):
         no wait at all.
         """
         t = self._now(now)
-        self._pending.append(_Entry(priority, self._seq, t, item))
+        waited = waited_s if waited_s > 0 else 0.0  # negative (skew) and NaN: no wait
+        arrived = t - min(waited, self._max_wait_s)
+        self._pending.append(_Entry(priority, self._seq, arrived, item))
         self._seq += 1
-        # min() rather than "first wins" keeps the bound honest if a caller-supplied ``now``
-        # ever steps backwards.
-        self._opened_at = t if self._opened_at is None else min(self._opened_at, t)
+        # min() rather than "first wins": a later item may have waited longer (and keeps
+        # the bound honest if a caller-supplied ``now`` ever steps backwards).
+        self._opened_at = arrived if self._opened_at is None else min(self._opened_at, arrived)
         if len(self._pending) >= self._max_size:
             return self._close(t, "size")
         return None

@@ -79,7 +79,10 @@ class WorkerSettings(ConnectionSettings):
     # --- batching and flow control
     batch_max_size: int = Field(64, ge=1, description="Dispatch when this many are gathered.")
     batch_max_wait_ms: float = Field(
-        50.0, ge=0, description="...or when the batch's first request has waited this long."
+        50.0,
+        ge=0,
+        description="...or when the batch's first request has waited this long since it "
+        "was produced (its Kafka timestamp; the time in Kafka counts, capped at this value).",
     )
     max_inflight: int = Field(
         2048,

@@ -63,7 +63,8 @@ BATCH_SIZE = Histogram(
 )
 BATCH_WAIT = Histogram(
     "qbatch_batch_wait_seconds",
-    "Time from a micro-batch's first request to its dispatch.",
+    "Time from a micro-batch's first request to its dispatch, its time in Kafka included "
+    "(capped at batch_max_wait_ms).",
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )

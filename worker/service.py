@@ -273,7 +273,9 @@ class Worker:
             self._reject(record, tp, error, wall_ms, envelope=None)
             return
         batch = self.batcher.add(
-            Inbound(tp, record.offset, record, envelope, wall_ms), priority=envelope.priority
+            Inbound(tp, record.offset, record, envelope, wall_ms),
+            priority=envelope.priority,
+            waited_s=time_in_kafka_s(record.timestamp, wall_ms),
         )
         if batch is not None:
             self._dispatch(batch)
@@ -748,3 +750,16 @@ def _submitted_ms(envelope: RequestEnvelope | None) -> int | None:
     if envelope is None or envelope.submitted_at is None:
         return None
     return int(envelope.submitted_at.timestamp() * 1000)
+
+
+def time_in_kafka_s(record_timestamp_ms: int | None, dequeued_ms: int) -> float:
+    """How long a record waited in Kafka: its timestamp (the producer's CreateTime, or the
+    broker's LogAppendTime) to its dequeue, in seconds; 0 when the record has none (-1).
+
+    The batcher counts it against `batch_max_wait_ms`, so a lone request is not charged
+    the broker's hop on top of the window; the batcher caps it at the window, so skewed
+    clocks cannot stretch a batch.
+    """
+    if record_timestamp_ms is None or record_timestamp_ms < 0:
+        return 0.0
+    return max(0, dequeued_ms - record_timestamp_ms) / 1000

@@ -83,6 +83,7 @@ def run_once(n: int, partitions: int, redis_db: int, extra: list[str]) -> dict[s
     finally:
         stop_worker(worker)
     dequeued = []
+    batch_sizes = []
     rids = [f"b{i}" for i in range(n)]
     statuses: dict[str, int] = {}
     for start in range(0, n, 5000):
@@ -94,6 +95,7 @@ def run_once(n: int, partitions: int, redis_db: int, extra: list[str]) -> dict[s
             res = json.loads(raw)
             statuses[res["status"]] = statuses.get(res["status"], 0) + 1
             dequeued.append(res["timings"]["dequeued"])
+            batch_sizes.append(res["worker"]["batch_size"])
     first_ms = min(dequeued)
     elapsed = seen_all - first_ms / 1000
     r.flushdb()
@@ -105,6 +107,7 @@ def run_once(n: int, partitions: int, redis_db: int, extra: list[str]) -> dict[s
         "elapsed_s": round(elapsed, 3),
         "req_per_s": round(n / elapsed, 1),
         "peak_rss_mb": round(max(peak_rss, peak_rss_sample) / 1024, 1),
+        "mean_batch_size": round(statistics.mean(batch_sizes), 1),
         "statuses": statuses,
     }
 
@@ -190,12 +193,13 @@ def main() -> None:
     print(f"machine: {platform.node()} {os.cpu_count()} cores, python {platform.python_version()}")
     rows = [run_once(n, args.partitions, args.redis_db, args.worker_args) for n in sizes]
     print(
-        f"{'N':>8} {'produce s':>10} {'elapsed s':>10} {'req/s':>10} {'peak RSS MB':>12}  statuses"
+        f"{'N':>8} {'produce s':>10} {'elapsed s':>10} {'req/s':>10} {'peak RSS MB':>12}"
+        f" {'mean batch':>11}  statuses"
     )
     for row in rows:
         print(
             f"{row['n']:>8} {row['produce_s']:>10} {row['elapsed_s']:>10} {row['req_per_s']:>10}"
-            f" {row['peak_rss_mb']:>12}  {row['statuses']}"
+            f" {row['peak_rss_mb']:>12} {row['mean_batch_size']:>11}  {row['statuses']}"
         )
     if args.json_out:
         with open(args.json_out, "w") as fh:

@@ -59,8 +59,9 @@ def test_lone_latency_and_wait_sweep(stack: Stack, tmp_path: Path) -> None:
     for row in doc["lone"]:
         parts = row["parts_ms_p50"]
         assert set(parts) == {"kafka", "batching", "engine", "reply", "reach", "outside"}
-        # a lone request is held for the window, never much less
-        assert parts["batching"] >= row["batch_max_wait_ms"] - 1
+        # a lone request is held for the window since it was submitted, never much less
+        # (the window counts its time in Kafka, so the worker itself holds it less)
+        assert parts["reach"] >= row["batch_max_wait_ms"] - 1
     sweep = {row["settings"]["batch_max_wait_ms"]: row for row in doc["sweep"]}
     assert set(sweep) == {0, 10, 50}
     assert all(row["succeeded"] == 100 for row in sweep.values())

@@ -319,6 +319,35 @@ def test_redelivered_request_is_not_run_again(lane: Lane, redis_client: redis.Re
         assert redis_client.llen(f"{lane.prefix}:done:{env['request_id']}") == 1
 
 
+def test_batch_window_counts_the_time_a_record_spent_in_kafka(
+    lane: Lane, redis_client: redis.Redis
+) -> None:
+    """The window runs from the record's Kafka timestamp: a fresh lone record waits the
+    window at the worker, one that already sat in Kafka longer than the window does not."""
+    worker = start_worker(lane, "--batch-max-wait-ms", "3000")
+    producer = KafkaProducer(bootstrap_servers=lane.bootstrap, linger_ms=0, acks="all")
+
+    def send(rid: str, timestamp_ms: int | None = None) -> dict[str, Any]:
+        env = chat(rid, "hello")
+        producer.send(
+            lane.topic, key=rid.encode(), value=json.dumps(env).encode(), timestamp_ms=timestamp_ms
+        )
+        producer.flush()
+        found = wait_results(redis_client, lane.prefix, [rid], timeout=60)
+        assert rid in found, f"no result for {rid}"
+        return found[rid]["timings"]
+
+    try:
+        send("warm-up")  # the worker is consuming from here on
+        fresh = send("fresh")
+        stale = send("stale", timestamp_ms=int(time.time() * 1000) - 10_000)
+    finally:
+        producer.close()
+        stop_worker(worker)
+    assert fresh["dispatched"] - fresh["dequeued"] >= 2500  # the window, less the hop
+    assert stale["dispatched"] - stale["dequeued"] < 1500  # 10 s in Kafka: due at once
+
+
 def test_kill_9_mid_stream_loses_nothing(lane: Lane, redis_client: redis.Redis) -> None:
     n = 6000
     envelopes = [chat(f"k{i}", f"survive {i}", job_id="job-k") for i in range(n)]

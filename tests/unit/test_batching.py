@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.batching import Batch, MicroBatcher
+from worker.service import time_in_kafka_s
 
 
 class FakeClock:
@@ -211,6 +212,60 @@ def test_max_wait_zero_still_splits_by_size() -> None:
 # -- time_until_due -------------------------------------------------------------------------
 
 
+# -- waits brought along (time in Kafka) -----------------------------------------------------
+
+
+def test_wait_brought_along_counts_against_the_window() -> None:
+    b, clock = make(max_wait_ms=250)
+    assert b.add("a", waited_s=0.125) is None
+    assert b.opened_at == clock.t - 0.125
+    assert b.time_until_due() == 0.125
+    clock.advance(0.125)
+    batch = b.poll()
+    assert batch is not None and batch.reason == "timeout"
+    assert batch.wait_s == 0.25  # the whole window, half of it spent before the batcher
+
+
+def test_wait_brought_along_is_capped_at_the_window() -> None:
+    # A record that sat in Kafka for minutes (consumer lag) makes its batch due at once,
+    # but not by add: records of the same fetch still join it before the poll.
+    b, clock = make(max_wait_ms=250)
+    assert b.add("old", waited_s=300.0) is None
+    assert b.opened_at == clock.t - 0.25
+    assert b.time_until_due() == 0.0
+    assert b.add("same-fetch") is None
+    batch = b.poll()
+    assert batch is not None and batch.items == ["old", "same-fetch"]
+    assert batch.wait_s == 0.25
+
+
+@pytest.mark.parametrize("waited", [-5.0, float("nan"), 0.0])
+def test_negative_or_unknown_wait_brought_along_is_no_wait(waited: float) -> None:
+    b, clock = make(max_wait_ms=250)
+    b.add("a", waited_s=waited)
+    assert b.opened_at == clock.t
+    assert b.time_until_due() == 0.25
+
+
+def test_an_item_that_waited_longer_moves_the_deadline_earlier() -> None:
+    b, clock = make(max_wait_ms=250)
+    b.add("fresh")
+    clock.advance(0.0625)
+    b.add("stale", waited_s=0.25)  # waited the whole window before it got here
+    assert b.opened_at == clock.t - 0.25
+    batch = b.poll()
+    assert batch is not None and batch.items == ["fresh", "stale"]
+
+
+@pytest.mark.parametrize(
+    ("timestamp_ms", "dequeued_ms", "expected_s"),
+    [(1_000, 1_250, 0.25), (None, 1_250, 0.0), (-1, 1_250, 0.0), (2_000, 1_250, 0.0)],
+)
+def test_time_in_kafka(timestamp_ms: int | None, dequeued_ms: int, expected_s: float) -> None:
+    # no timestamp (-1 in old message formats) or one from the future (skew): no wait
+    assert time_in_kafka_s(timestamp_ms, dequeued_ms) == expected_s
+
+
 def test_time_until_due_none_when_empty() -> None:
     b, _ = make()
     assert b.time_until_due() is None
@@ -378,6 +433,8 @@ _op = st.one_of(
     st.tuples(st.just("advance"), st.integers(min_value=0, max_value=48)),  # 1/64 s steps
     st.tuples(st.just("poll"), st.just(0)),
     st.tuples(st.just("drop"), st.integers(min_value=2, max_value=5)),
+    # an item that already waited arg/64 s elsewhere (negative: a skewed clock)
+    st.tuples(st.just("add_waited"), st.integers(min_value=-8, max_value=48)),
 )
 
 
@@ -427,6 +484,13 @@ def test_property_every_item_once_bounded_and_timely(
             priority[i] = arg
             pending_model.append(i)
             emitted(b.add(i, priority=arg))
+        elif kind == "add_waited":
+            i = next_id
+            next_id += 1
+            arrival[i] = clock.t - min(max(arg / 64, 0.0), wait)
+            priority[i] = 0
+            pending_model.append(i)
+            emitted(b.add(i, waited_s=arg / 64))
         elif kind == "advance":
             clock.advance(arg / 64)
         elif kind == "poll":
