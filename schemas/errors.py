@@ -35,16 +35,23 @@ def loc_to_param(loc: tuple[int | str, ...]) -> str:
     """`("body", "messages", 0, "role")` -> `body.messages[0].role`.
 
     Pydantic inserts union-branch tags (e.g. `user`, `function-after[...]`) into
-    locations; they mean nothing to a caller and are dropped.
+    locations; they mean nothing to a caller and are dropped. A tag is never followed by
+    another tag of the same union, so a tag-like name right after a dropped tag is a field
+    (`response_format` -> tag `json_schema` -> field `json_schema`; a text part's `text`).
     """
     out = ""
+    after_tag = False
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif "[" in part or part in _UNION_TAGS or part.startswith("constrained-"):
+            after_tag = False
+        elif "[" in part or part.startswith("constrained-"):
             continue
+        elif part in _UNION_TAGS and not after_tag:
+            after_tag = True
         else:
             out += f".{part}" if out else part
+            after_tag = False
     return out
 
 

@@ -7,12 +7,14 @@ misspelt `max_tokens`, is a bug the caller never sees.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -31,6 +33,28 @@ Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 CHAT_ENDPOINT: Endpoint = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT: Endpoint = "/v1/completions"
 Text = Annotated[str, Field(max_length=limits.MAX_TEXT_CHARS)]
+
+
+def _finite_json(value: dict[str, Any]) -> dict[str, Any]:
+    """Free-form JSON fields hold only what JSON can say: Python's parser (and pydantic's)
+    accept `NaN` and `Infinity`, which no JSON reader need understand and which come back
+    as null once the result is written, so a request's metadata would not be echoed as
+    sent. Rejected at the edge, naming where."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{path or '(value)'}: {item} is not a JSON number")
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+    return value
+
+
+# A JSON object from the caller that qbatch passes along without a model of its own
+# (metadata, tool parameter schemas, response schemas, chat-template arguments).
+JsonObject = Annotated[dict[str, Any], AfterValidator(_finite_json)]
 
 
 class StrictModel(BaseModel):
@@ -112,7 +136,7 @@ Message = Annotated[
 class FunctionDef(StrictModel):
     name: Annotated[str, Field(pattern=limits.TOOL_NAME_PATTERN)]
     description: Annotated[str, Field(max_length=8_192)] | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonObject | None = None
     strict: bool | None = None
 
     @field_validator("parameters")
@@ -162,7 +186,7 @@ class JsonObjectFormat(StrictModel):
 class JsonSchemaSpec(StrictModel):
     name: Annotated[str, Field(min_length=1, max_length=64)]
     description: str | None = None
-    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+    schema_: Annotated[JsonObject, Field(alias="schema")]
     strict: bool | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -229,7 +253,7 @@ class ChatCompletionBody(SamplingFields):
     tool_choice: ToolChoice | None = None
     max_completion_tokens: OutputTokens | None = None
     response_format: ResponseFormat | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JsonObject | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionBody:
@@ -320,7 +344,7 @@ class RequestEnvelope(StrictModel):
     result_ttl_s: Annotated[int, Field(ge=1, le=limits.MAX_RESULT_TTL_S)] = (
         limits.DEFAULT_RESULT_TTL_S
     )
-    metadata: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
     submitted_at: AwareDatetime | None = None
 
     @field_validator("metadata")

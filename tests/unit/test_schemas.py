@@ -243,6 +243,39 @@ def test_request_id_is_recovered_for_a_failed_result() -> None:
     assert reject(chat(request_id="bad id!"), key=b"bad id!").request_id is None
 
 
+@pytest.mark.parametrize(
+    ("data", "param", "where"),
+    [
+        (chat(metadata={"team": float("inf"), "n": [1, 2]}), "metadata", "team: inf"),
+        (chat(metadata={"a": [1, {"b": float("nan")}]}), "metadata", "a[1].b: nan"),
+        (chat(body={"chat_template_kwargs": {"t": float("-inf")}}), "body.chat_template_kwargs", "t: -inf"),
+        (
+            chat(body={"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "maximum": float("inf")}}}]}),
+            "body.tools[0].function.parameters",
+            "maximum: inf",
+        ),
+        (
+            chat(body={"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "number", "minimum": float("nan")}}}}),
+            "body.response_format.json_schema.schema",
+            "minimum: nan",
+        ),
+    ],
+)  # fmt: skip
+def test_nan_and_infinity_are_refused_in_free_form_json(data: Any, param: str, where: str) -> None:
+    # json.dumps writes them as NaN / Infinity, which Python's and pydantic's parsers read
+    # back; the result would then carry null in their place (found by test_fuzz: metadata
+    # {"team": inf} did not survive encode -> decode).
+    error = reject(data)
+    assert error.param == param
+    assert where in error.message
+
+
+def test_param_keeps_a_field_named_like_its_union_tag() -> None:
+    # response_format's branch tag is "json_schema" and so is the field inside it
+    data = chat(body={"response_format": {"type": "json_schema", "json_schema": {"name": "", "schema": {}}}})  # fmt: skip
+    assert reject(data).param == "body.response_format.json_schema.name"
+
+
 def test_contract_error_survives_pickling() -> None:
     import pickle
 
