@@ -593,17 +593,6 @@ class JobView:
         }
 
 
-def final_status(view: JobView) -> JobStatus | None:
-    """The terminal status the job moves to now, or None (same rule as the worker's script)."""
-    if not view.finished:
-        return None
-    if view.status not in (JobStatus.running, JobStatus.cancelling):
-        return None
-    if view.status == JobStatus.cancelling or view.cancelled > 0:
-        return JobStatus.cancelled
-    return JobStatus.completed if view.unsuccessful == 0 else JobStatus.completed_with_errors
-
-
 @dataclass(slots=True)
 class Collected:
     """Which result each line of a job has, newest attempt winning (pure bookkeeping)."""

@@ -17,7 +17,6 @@ from producer.bulk import (
     cancelled_result,
     check_job_id,
     detect_format,
-    final_status,
     invalid_result,
     output_json,
     output_line,
@@ -30,7 +29,6 @@ from schemas import (
     ContractError,
     ErrorCode,
     ErrorInfo,
-    JobStatus,
     ResultEnvelope,
     Status,
     valid_id,
@@ -266,13 +264,6 @@ def test_all_failed_is_not_reported_as_plain_completed() -> None:
     v = view(failed=100, status="completed_with_errors")
     assert not v.all_succeeded
     assert v.label.startswith("completed_with_errors (0 succeeded, 100 failed")
-    assert final_status(view(failed=100)) is JobStatus.completed_with_errors
-    assert final_status(view(succeeded=100)) is JobStatus.completed
-    assert (
-        final_status(view(succeeded=50, cancelled=50, status="cancelling")) is JobStatus.cancelled
-    )
-    assert final_status(view(succeeded=99)) is None
-    assert final_status(view(succeeded=100, status="submitting")) is None
 
 
 def test_collected_keeps_newest_attempt() -> None:
