@@ -110,7 +110,8 @@ for f in chosen.values():
     pys = py.split(".")
     # py3 and py3N (N <= 12: pip offers py37 ... py312 to a 3.12 interpreter), cp312,
     # and the abi3 wheels' cp38 / cp39.
-    if not any(re.fullmatch(r"py3(\d*)", x) and int(x[3:] or 0) <= 12 or x in ("cp312", "cp38", "cp39") for x in pys) or not (
+    py3n = [x for x in pys if re.fullmatch(r"py3\d*", x)]
+    if not (any(int(x[3:] or 0) <= 12 for x in py3n) or {"cp312", "cp38", "cp39"} & set(pys)) or not (
         plat == "any" or "x86_64" in plat
     ):
         sys.exit(f"stage: ERROR: {f} is not for CPython 3.12 linux x86_64")

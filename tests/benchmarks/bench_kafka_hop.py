@@ -22,22 +22,17 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-import uuid
 
 from kafka import KafkaConsumer, KafkaProducer
-from kafka.admin import KafkaAdminClient, NewTopic
 
-from tests.integration.workers import Lane
-
-
-def _p(values: list[float], q: float) -> float:
-    return round(sorted(values)[min(len(values) - 1, int(q * len(values)))], 2)
+from tests.benchmarks.bench_gpu import percentiles
+from tests.integration.workers import BOOTSTRAP, create_topic, delete_topics, unique
 
 
-def measure(bootstrap: str, partitions: int, count: int, gap_s: float) -> dict[str, float]:
-    topic = f"hop-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics([NewTopic(topic, partitions, 1)])
+def measure(
+    bootstrap: str, partitions: int, count: int, gap_s: float
+) -> dict[str, dict[str, float]]:
+    topic = create_topic(unique("hop"), partitions, bootstrap)
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=topic,
@@ -80,14 +75,8 @@ def measure(bootstrap: str, partitions: int, count: int, gap_s: float) -> dict[s
         thread.join(5)
         producer.close()
         consumer.close()
-        admin.delete_topics([topic])
-        admin.close()
-    return {
-        "ack_ms_p50": _p(acks, 0.5),
-        "ack_ms_p90": _p(acks, 0.9),
-        "hop_ms_p50": _p(hops, 0.5),
-        "hop_ms_p90": _p(hops, 0.9),
-    }
+        delete_topics([topic], bootstrap)
+    return {"ack_ms": percentiles(acks, 2), "hop_ms": percentiles(hops, 2)}
 
 
 def main() -> None:
@@ -96,11 +85,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=50)
     parser.add_argument("--gap-s", type=float, default=0.1)
     args = parser.parse_args()
-    row = measure(Lane.new().bootstrap, args.partitions, args.count, args.gap_s)
+    row = measure(BOOTSTRAP, args.partitions, args.count, args.gap_s)
+    ack, hop = row["ack_ms"], row["hop_ms"]
     print(
         f"{args.count} records, {args.partitions} partitions: producer send -> ack "
-        f"p50 {row['ack_ms_p50']} ms, p90 {row['ack_ms_p90']} ms; send -> consumer "
-        f"p50 {row['hop_ms_p50']} ms, p90 {row['hop_ms_p90']} ms"
+        f"p50 {ack['p50']} ms, p90 {ack['p90']} ms; send -> consumer "
+        f"p50 {hop['p50']} ms, p90 {hop['p90']} ms"
     )
 
 

@@ -129,7 +129,7 @@ def lone(waits: list[float], count: int, worker_args: list[str]) -> list[dict[st
         worker = start_worker(lane, "--batch-max-wait-ms", str(wait), *worker_args)
         producer = KafkaProducer(bootstrap_servers=lane.bootstrap, linger_ms=0, acks=1)
         time.sleep(3)  # group join
-        reach, e2e, hop, batching = [], [], [], []
+        reach, e2e, hop, worker_ms = [], [], [], []
         try:
             for i in range(count + 3):
                 rid = f"l{i}"
@@ -148,7 +148,7 @@ def lone(waits: list[float], count: int, worker_args: list[str]) -> list[dict[st
                     e2e.append(elapsed * 1000)
                     reach.append(timings["dispatched"] - timings["submitted"])
                     hop.append(timings["dequeued"] - timings["submitted"])
-                    batching.append(timings["dispatched"] - timings["dequeued"])
+                    worker_ms.append(timings["dispatched"] - timings["dequeued"])
                 time.sleep(0.1)
         finally:
             producer.close()
@@ -162,7 +162,7 @@ def lone(waits: list[float], count: int, worker_args: list[str]) -> list[dict[st
                 "reach_engine_ms_max": max(reach),
                 "round_trip_ms_p50": round(statistics.median(e2e), 1),
                 "kafka_hop_ms_p50": statistics.median(hop),
-                "worker_ms_p50": statistics.median(batching),
+                "worker_ms_p50": statistics.median(worker_ms),
             }
         )
     return rows

@@ -209,9 +209,6 @@ def test_max_wait_zero_still_splits_by_size() -> None:
     assert rest is not None and rest.items == ["c"]
 
 
-# -- time_until_due -------------------------------------------------------------------------
-
-
 # -- waits brought along (time in Kafka) -----------------------------------------------------
 
 
@@ -264,6 +261,9 @@ def test_an_item_that_waited_longer_moves_the_deadline_earlier() -> None:
 def test_time_in_kafka(timestamp_ms: int | None, dequeued_ms: int, expected_s: float) -> None:
     # no timestamp (-1 in old message formats) or one from the future (skew): no wait
     assert time_in_kafka_s(timestamp_ms, dequeued_ms) == expected_s
+
+
+# -- time_until_due -------------------------------------------------------------------------
 
 
 def test_time_until_due_none_when_empty() -> None:
