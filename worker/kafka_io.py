@@ -35,6 +35,19 @@ Partitions = Callable[[set[TopicPartition]], None]
 RECONNECT_BACKOFF_MAX_MS = 2_000
 
 
+def time_in_kafka_s(record_timestamp_ms: int | None, dequeued_ms: int) -> float:
+    """How long a record waited in Kafka: its timestamp (the producer's CreateTime, or the
+    broker's LogAppendTime) to its dequeue, in seconds; 0 when the record has none (-1).
+
+    The batcher counts it against `batch_max_wait_ms`, so a lone request is not charged
+    the broker's hop on top of the window; the batcher caps it at the window, so skewed
+    clocks cannot stretch a batch.
+    """
+    if record_timestamp_ms is None or record_timestamp_ms < 0:
+        return 0.0
+    return max(0, dequeued_ms - record_timestamp_ms) / 1000
+
+
 def resume_partitions(consumer: KafkaConsumer, *partitions: TopicPartition) -> None:
     """`consumer.resume()` plus a fix for a kafka-python 3.0.12 fetcher bug.
 

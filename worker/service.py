@@ -50,7 +50,7 @@ from worker import metrics
 from worker.batching import Batch, MicroBatcher
 from worker.config import WorkerSettings
 from worker.engines.base import Engine, EngineOutput, EngineRequest
-from worker.kafka_io import DeadLetters, RequestConsumer
+from worker.kafka_io import DeadLetters, RequestConsumer, time_in_kafka_s
 from worker.logs import log
 from worker.offsets import OffsetTracker
 from worker.outputs import build_response
@@ -750,16 +750,3 @@ def _submitted_ms(envelope: RequestEnvelope | None) -> int | None:
     if envelope is None or envelope.submitted_at is None:
         return None
     return int(envelope.submitted_at.timestamp() * 1000)
-
-
-def time_in_kafka_s(record_timestamp_ms: int | None, dequeued_ms: int) -> float:
-    """How long a record waited in Kafka: its timestamp (the producer's CreateTime, or the
-    broker's LogAppendTime) to its dequeue, in seconds; 0 when the record has none (-1).
-
-    The batcher counts it against `batch_max_wait_ms`, so a lone request is not charged
-    the broker's hop on top of the window; the batcher caps it at the window, so skewed
-    clocks cannot stretch a batch.
-    """
-    if record_timestamp_ms is None or record_timestamp_ms < 0:
-        return 0.0
-    return max(0, dequeued_ms - record_timestamp_ms) / 1000

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.batching import Batch, MicroBatcher
-from worker.service import time_in_kafka_s
+from worker.kafka_io import time_in_kafka_s
 
 
 class FakeClock:
