@@ -74,12 +74,15 @@ def chat(rid: str, text: str, **extra: Any) -> dict[str, Any]:
     return {"request_id": rid, "body": body, **extra}
 
 
-def produce(lane: Lane, records: list[tuple[bytes | None, bytes]]) -> None:
+def produce(
+    lane: Lane, records: list[tuple[bytes | None, bytes]], timestamp_ms: int | None = None
+) -> None:
+    """Send and flush; `timestamp_ms` back-dates the records' CreateTime (default: now)."""
     producer = KafkaProducer(
         bootstrap_servers=lane.bootstrap, linger_ms=5, acks="all", max_request_size=2_000_000
     )
     for key, value in records:
-        producer.send(lane.topic, key=key, value=value)
+        producer.send(lane.topic, key=key, value=value, timestamp_ms=timestamp_ms)
     producer.flush()
     producer.close()
 
@@ -325,14 +328,9 @@ def test_batch_window_counts_the_time_a_record_spent_in_kafka(
     """The window runs from the record's Kafka timestamp: a fresh lone record waits the
     window at the worker, one that already sat in Kafka longer than the window does not."""
     worker = start_worker(lane, "--batch-max-wait-ms", "3000")
-    producer = KafkaProducer(bootstrap_servers=lane.bootstrap, linger_ms=0, acks="all")
 
     def send(rid: str, timestamp_ms: int | None = None) -> dict[str, Any]:
-        env = chat(rid, "hello")
-        producer.send(
-            lane.topic, key=rid.encode(), value=json.dumps(env).encode(), timestamp_ms=timestamp_ms
-        )
-        producer.flush()
+        produce(lane, [(rid.encode(), json.dumps(chat(rid, "hello")).encode())], timestamp_ms)
         found = wait_results(redis_client, lane.prefix, [rid], timeout=60)
         assert rid in found, f"no result for {rid}"
         return found[rid]["timings"]
@@ -342,7 +340,6 @@ def test_batch_window_counts_the_time_a_record_spent_in_kafka(
         fresh = send("fresh")
         stale = send("stale", timestamp_ms=int(time.time() * 1000) - 10_000)
     finally:
-        producer.close()
         stop_worker(worker)
     assert fresh["dispatched"] - fresh["dequeued"] >= 2500  # the window, less the hop
     assert stale["dispatched"] - stale["dequeued"] < 1500  # 10 s in Kafka: due at once
