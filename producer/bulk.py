@@ -47,7 +47,8 @@ from schemas import (
     valid_id,
     validate_envelope,
 )
-from schemas.limits import MAX_ENVELOPE_BYTES
+from schemas.limits import MAX_ENVELOPE_BYTES, RESERVED_JOB_SUFFIXES
+from schemas.ref import RequestRef
 
 MAX_JOB_ID_CHARS = 96
 """Leaves room for `.{line}.r{attempt}` inside the 128-char request id limit."""
@@ -62,6 +63,11 @@ def check_job_id(job_id: str) -> str:
     if valid_id(job_id) is None or len(job_id) > MAX_JOB_ID_CHARS:
         raise ContractError(
             f"must be 1-{MAX_JOB_ID_CHARS} characters of [A-Za-z0-9_.:-], got {job_id!r}",
+            param="job_id",
+        )
+    if job_id.endswith(RESERVED_JOB_SUFFIXES):
+        raise ContractError(
+            f"may not end with {' or '.join(RESERVED_JOB_SUFFIXES)}, got {job_id!r}",
             param="job_id",
         )
     return job_id
@@ -209,8 +215,13 @@ def parse_line(
         )
     try:
         obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except json.JSONDecodeError as exc:
         return Line(line, rid, None, error=ContractError(f"not JSON: {exc}", param="(line)"))
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit integer, deep nesting
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        return Line(
+            line, rid, None, error=ContractError(f"not JSON this tool reads: {why}", param="(line)")
+        )
     if not isinstance(obj, dict):
         return Line(
             line,
@@ -316,7 +327,7 @@ def _detect(text: str) -> InputFormat:
     """The format a file's first non-blank line announces (OpenAI when it cannot tell)."""
     try:
         obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):
         return InputFormat.openai
     if isinstance(obj, dict):
         return line_kind(obj) or InputFormat.openai
@@ -342,6 +353,7 @@ STATUS_CODES: dict[str, int] = {
     ErrorCode.cancelled: 499,
     ErrorCode.engine_error: 500,
     ErrorCode.internal_error: 500,
+    ErrorCode.duplicate_request_id: 409,
 }
 """HTTP-like status of an output line by error code; 200 when the request succeeded."""
 
@@ -410,13 +422,15 @@ def local_result(
     Used for lines that fail validation (`failed`, `invalid_request`) and for lines left
     unpublished when the job is cancelled during submission (`cancelled`).
     """
-    return ResultEnvelope(
-        request_id=line.request_id,
-        job_id=job_id,
-        custom_id=line.custom_id,
-        status=status,
+    return ResultEnvelope.for_request(
+        RequestRef(
+            request_id=line.request_id,
+            job_id=job_id,
+            custom_id=line.custom_id,
+            metadata=line.envelope.metadata if line.envelope is not None else None,
+        ),
+        status,
         error=error,
-        metadata=line.envelope.metadata if line.envelope is not None else None,
         timings=Timings(submitted=now_ms, finished=now_ms),
     )
 

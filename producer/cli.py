@@ -26,6 +26,7 @@ import redis
 import typer
 from kafka.errors import KafkaError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -216,8 +217,8 @@ def _parse_deadline(value: str | None) -> datetime | None:
 def _parse_json_obj(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        err.print(f"[red]error:[/] {what} is not JSON: {exc}")
+    except (ValueError, RecursionError) as exc:  # bad JSON, a 5,000-digit integer, depth
+        err.print(f"[red]error:[/] {escape(what)} is not JSON this tool reads: {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from None
     if not isinstance(value, dict):
         err.print(f"[red]error:[/] {what} must be a JSON object")

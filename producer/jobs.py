@@ -42,77 +42,21 @@ from producer.bulk import (
 )
 from producer.client import QBatchClient, now_utc
 from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope, Status
+from schemas.keys import StreamField
 from schemas.limits import DEFAULT_RESULT_TTL_S
-from schemas.replies import FINALIZE_JOB_LUA, ResultWriter
+from schemas.replies import ResultWriter
+from schemas.scripts import lua
 
 DEFAULT_JOB_TTL_S = 7 * 86_400
 DEFAULT_CHUNK = 5_000
 
-INPUT_PATH_FIELD = "input_path"
-INPUT_SHA_FIELD = "input_sha256"
-ATTEMPT_FIELD = "attempt"
-RETRY_LINE_FIELD = "retry_line"
-"""Producer-only job-hash fields (proposed for `schemas.JobField`)."""
+INPUT_PATH_FIELD = JobField.input_path
+INPUT_SHA_FIELD = JobField.input_sha256
+ATTEMPT_FIELD = JobField.attempt
+RETRY_LINE_FIELD = JobField.retry_line
 
 Progress = Callable[[int, int], None]
 """on_progress(done, total)."""
-
-BEGIN_LUA = """
--- KEYS: job ; ARGV: total, now_ms, input_path, sha256, job_ttl
-local h = redis.call('HMGET', KEYS[1], 'total', 'status', 'submitted', 'input_sha256')
-if h[1] then
-  if tonumber(h[1]) ~= tonumber(ARGV[1]) or (h[4] and h[4] ~= ARGV[4]) then
-    return {'conflict', h[2] or '', h[1], h[4] or ''}
-  end
-  return {'exists', h[2] or '', h[3] or '0'}
-end
-redis.call('HSET', KEYS[1], 'total', ARGV[1], 'status', 'submitting', 'submitted', '0',
-           'input_path', ARGV[3], 'input_sha256', ARGV[4])
-redis.call('HSETNX', KEYS[1], 'created_at', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-return {'new', 'submitting', '0'}
-"""
-
-MARK_SUBMITTED_LUA = (
-    FINALIZE_JOB_LUA
-    + """
--- KEYS: job, stream ; ARGV: total, job_ttl
-if redis.call('HGET', KEYS[1], 'status') == 'submitting' then
-  redis.call('HSET', KEYS[1], 'status', 'running')
-end
-redis.call('HSET', KEYS[1], 'submitted', ARGV[1])
-local ttl = tonumber(ARGV[2])
-if redis.call('TTL', KEYS[1]) < ttl then redis.call('EXPIRE', KEYS[1], ttl) end
-if redis.call('EXISTS', KEYS[2]) == 1 and redis.call('TTL', KEYS[2]) < ttl then
-  redis.call('EXPIRE', KEYS[2], ttl)
-end
-return finalize(KEYS[1])
-"""
-)
-
-CANCEL_LUA = (
-    FINALIZE_JOB_LUA
-    + """
--- KEYS: job, cancel ; ARGV: ttl
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return '' end
-if st == 'completed' or st == 'completed_with_errors' or st == 'cancelled' then return st end
-redis.call('SET', KEYS[2], '1', 'EX', ARGV[1])
-redis.call('HSET', KEYS[1], 'status', 'cancelling')
-return finalize(KEYS[1])
-"""
-)
-
-BEGIN_RETRY_LUA = """
--- KEYS: job ; ARGV: attempt, -n_failed, -n_expired (strings: Lua would write -0)
-local h = redis.call('HMGET', KEYS[1], 'status', 'attempt', 'retry_line')
-if h[1] == 'submitting' and h[2] == ARGV[1] then return {'resume', h[3] or '0'} end
-if h[1] ~= 'completed_with_errors' then return {'busy', h[1] or ''} end
-redis.call('HINCRBY', KEYS[1], 'failed', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'expired', ARGV[3])
-redis.call('HSET', KEYS[1], 'status', 'submitting', 'attempt', ARGV[1], 'retry_line', '0')
-return {'started', '0'}
-"""
 
 
 def now_ms() -> int:
@@ -155,10 +99,10 @@ class JobStore:
         self.keys = keys
         self.job_ttl_s = job_ttl_s
         self._replies = ResultWriter(redis_client, keys)
-        self._begin = redis_client.register_script(BEGIN_LUA)
-        self._mark = redis_client.register_script(MARK_SUBMITTED_LUA)
-        self._cancel = redis_client.register_script(CANCEL_LUA)
-        self._begin_retry = redis_client.register_script(BEGIN_RETRY_LUA)
+        self._begin = redis_client.register_script(lua("job_begin"))
+        self._mark = redis_client.register_script(lua("job_mark_submitted"))
+        self._cancel = redis_client.register_script(lua("job_cancel"))
+        self._begin_retry = redis_client.register_script(lua("job_begin_retry"))
 
     def view(self, job_id: str) -> JobView | None:
         h = self.redis.hgetall(self.keys.job(job_id))
@@ -179,6 +123,8 @@ class JobStore:
                 args=[total, now_ms(), input_path, sha, self.job_ttl_s],
             )
         ]
+        if reply[0] == "conflict" and reply[1] == "wrongtype":
+            raise JobError(f"job {job_id!r}: its Redis key holds a {reply[2]}, not a job hash")
         if reply[0] == "conflict":
             raise JobError(
                 f"job {job_id!r} already exists with another input ({reply[2]} lines, "
@@ -223,8 +169,8 @@ class JobStore:
         """Write producer-made results once each (worker's writer); returns how many are new."""
         written = 0
         for start in range(0, len(results), 1_000):
-            flags = self._replies.write(list(results[start : start + 1_000]), now_ms())
-            written += sum(1 for flag in flags if flag)
+            replies = self._replies.write(list(results[start : start + 1_000]), now_ms())
+            written += sum(1 for reply in replies if reply.fresh)
         return written
 
     def stream(
@@ -482,9 +428,9 @@ def collect_job(
                     if not entries:
                         break
                     last = entries[-1][0]
-                    fresh: dict[int, tuple[int, str, str]] = {}
+                    fresh: dict[int, tuple[int, str, str | None]] = {}
                     for _eid, fields in entries:
-                        rid = fields.get("request_id", "")
+                        rid = fields.get(StreamField.request_id, "")
                         parsed = parse_request_id(job_id, rid)
                         if parsed is None:
                             continue
@@ -494,10 +440,13 @@ def collect_job(
                         if (have is None or have.attempt < attempt) and (
                             prev is None or prev[0] < attempt
                         ):
-                            fresh[line] = (attempt, rid, fields.get("status", ""))
+                            # An inline result: the request_id held another job's result.
+                            fresh[line] = (attempt, rid, fields.get(StreamField.result))
                     items = sorted(fresh.items())
-                    raws = store.results([rid for _line, (_a, rid, _s) in items])
-                    for (line, (attempt, _rid, status)), raw in zip(items, raws, strict=True):
+                    raws = store.results([rid for _line, (_a, rid, inline) in items if not inline])
+                    found = iter(raws)
+                    for line, (attempt, _rid, inline) in items:
+                        raw = inline.encode() if inline else next(found)
                         if raw is not None:
                             result = ResultEnvelope.model_validate_json(raw)
                             text, status = output_json(result), result.status.value

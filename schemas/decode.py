@@ -1,9 +1,15 @@
 """Bytes off the wire -> a typed envelope, or a `ContractError` that names the fault.
 
 The worker and the producer both validate here, so a request the producer
-accepts is one the worker accepts. When the envelope is bad we still try to
-recover a request_id (from the JSON, else from the record key) so the caller
-gets a `failed` result instead of waiting forever.
+accepts is one the worker accepts. When the envelope is bad we still recover
+what we can of it (request_id, job, custom_id, metadata, TTL: see
+`schemas.ref.RequestRef`) so the caller gets a `failed` result instead of waiting
+forever, and its job still finishes.
+
+Nothing but `ContractError` leaves `decode_request` or `validate_envelope`, whatever
+the bytes: a parser or validator that raises anything else (a 5,000-digit integer,
+a regex the checker overflows on, nesting past the recursion limit) is a fault of
+the record, and a record must never stop the process that reads it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pydantic import ValidationError
 
 from schemas import limits
 from schemas.errors import ContractError
+from schemas.ref import RequestRef
 from schemas.request import RequestEnvelope
 
 _ID_RE = re.compile(limits.ID_PATTERN)
@@ -30,16 +37,14 @@ def valid_id(value: object) -> str | None:
 
 def recover_request_id(data: object, key: bytes | None) -> str | None:
     """Best effort: a well-formed request_id from the parsed JSON or the record key."""
-    if isinstance(data, dict):
-        found = valid_id(data.get("request_id"))
-        if found:
-            return found
-    if key:
-        try:
-            return valid_id(key.decode("utf-8"))
-        except UnicodeDecodeError:
-            return None
-    return None
+    ref = RequestRef.recover(data, key)
+    return ref.request_id if ref is not None else None
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 def parse_json(raw: bytes, key: bytes | None = None) -> dict[str, Any]:
@@ -48,7 +53,7 @@ def parse_json(raw: bytes, key: bytes | None = None) -> dict[str, Any]:
         raise ContractError(
             f"envelope is {len(raw)} bytes, over the {limits.MAX_ENVELOPE_BYTES} byte limit",
             param="(envelope)",
-            request_id=recover_request_id(None, key),
+            ref=RequestRef.recover(None, key),
         )
     try:
         text = raw.decode("utf-8")
@@ -56,19 +61,25 @@ def parse_json(raw: bytes, key: bytes | None = None) -> dict[str, Any]:
         raise ContractError(
             f"not UTF-8 at byte {exc.start}",
             param="(envelope)",
-            request_id=recover_request_id(None, key),
+            ref=RequestRef.recover(None, key),
         ) from None
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except json.JSONDecodeError as exc:
         raise ContractError(
-            f"not JSON: {exc}", param="(envelope)", request_id=recover_request_id(None, key)
+            f"not JSON: {exc}", param="(envelope)", ref=RequestRef.recover(None, key)
+        ) from None
+    except Exception as exc:  # integers past Python's digit limit, deep nesting, ...
+        raise ContractError(
+            f"not JSON this service can read: {_why(exc)}",
+            param="(envelope)",
+            ref=RequestRef.recover(None, key),
         ) from None
     if not isinstance(data, dict):
         raise ContractError(
             f"envelope must be a JSON object, got {type(data).__name__}",
             param="(envelope)",
-            request_id=recover_request_id(None, key),
+            ref=RequestRef.recover(None, key),
         )
     return data
 
@@ -77,24 +88,31 @@ def validate_envelope(data: dict[str, Any], key: bytes | None = None) -> Request
     try:
         return RequestEnvelope.model_validate(data)
     except ValidationError as exc:
-        raise ContractError.from_validation(exc, request_id=recover_request_id(data, key)) from None
-    except RecursionError:
+        raise ContractError.from_validation(exc, ref=_recover(data, key)) from None
+    except Exception as exc:  # a validator that raised past pydantic: still the record's fault
         raise ContractError(
-            "nested too deeply", param="(envelope)", request_id=recover_request_id(data, key)
+            f"could not be validated: {_why(exc)}", param="(envelope)", ref=_recover(data, key)
         ) from None
+
+
+def _recover(data: object, key: bytes | None) -> RequestRef | None:
+    try:
+        return RequestRef.recover(data, key)
+    except Exception:  # salvage is best effort; never worse than no reference
+        return None
 
 
 def decode_request(raw: bytes, key: bytes | None = None) -> RequestEnvelope:
     """The one way a request is read off Kafka.
 
     The happy path parses and validates in one pass inside pydantic-core; only a
-    record that fails takes the slow path that recovers a request_id and words
+    record that fails takes the slow path that recovers a reference and words
     the error.
     """
     if len(raw) <= limits.MAX_ENVELOPE_BYTES:
         try:
             envelope = RequestEnvelope.model_validate_json(raw)
-        except (ValidationError, ValueError, RecursionError):
+        except Exception:
             envelope = validate_envelope(parse_json(raw, key), key)
     else:
         envelope = validate_envelope(parse_json(raw, key), key)
@@ -102,7 +120,7 @@ def decode_request(raw: bytes, key: bytes | None = None) -> RequestEnvelope:
         raise ContractError(
             "record key must equal request_id",
             param="request_id",
-            request_id=envelope.request_id,
+            ref=RequestRef.of(envelope),
         )
     return envelope
 

@@ -7,8 +7,12 @@ bulk file line by line without reading worker logs.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+if TYPE_CHECKING:
+    from schemas.ref import RequestRef
 
 
 class ErrorCode(StrEnum):
@@ -19,6 +23,8 @@ class ErrorCode(StrEnum):
     cancelled = "cancelled"
     engine_error = "engine_error"
     internal_error = "internal_error"
+    duplicate_request_id = "duplicate_request_id"
+    """The request_id already has a result from another job: ids are global."""
 
 
 class ErrorInfo(BaseModel):
@@ -80,7 +86,9 @@ class ContractError(ValueError):
     """A request that breaks the contract: carries code, message and the field at fault.
 
     `message` always starts with the field (`param: ...`) so that it reads well
-    on its own in a result, a DLQ header or a CLI line.
+    on its own in a result, a DLQ header or a CLI line. `ref` is what could be
+    recovered of the request (id, job, custom_id, metadata, TTL), so its `failed`
+    result still reaches its caller and its job.
     """
 
     def __init__(
@@ -90,6 +98,7 @@ class ContractError(ValueError):
         param: str | None = None,
         code: ErrorCode = ErrorCode.invalid_request,
         request_id: str | None = None,
+        ref: RequestRef | None = None,
     ) -> None:
         if param and not message.startswith(param):
             message = f"{param}: {message}"
@@ -97,14 +106,27 @@ class ContractError(ValueError):
         self.message = message
         self.param = param
         self.code = code
-        self.request_id = request_id
+        if ref is None and request_id is not None:
+            from schemas.ref import RequestRef
+
+            ref = RequestRef(request_id=request_id)
+        self.ref = ref
+
+    @property
+    def request_id(self) -> str | None:
+        return self.ref.request_id if self.ref is not None else None
 
     def info(self) -> ErrorInfo:
         return ErrorInfo(code=self.code, message=self.message, param=self.param)
 
     @classmethod
     def from_validation(
-        cls, exc: ValidationError, *, prefix: str = "", request_id: str | None = None
+        cls,
+        exc: ValidationError,
+        *,
+        prefix: str = "",
+        request_id: str | None = None,
+        ref: RequestRef | None = None,
     ) -> ContractError:
         """The first error decides `param`; the message lists up to three."""
         errors = exc.errors(include_url=False)
@@ -121,13 +143,14 @@ class ContractError(ValueError):
             "; ".join(parts) + more,
             param=params[0] or None if params else None,
             request_id=request_id,
+            ref=ref,
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild, (self.message, self.param, self.code, self.request_id))
+        return (_rebuild, (self.message, self.param, self.code, self.ref))
 
 
 def _rebuild(
-    message: str, param: str | None, code: ErrorCode, request_id: str | None
+    message: str, param: str | None, code: ErrorCode, ref: RequestRef | None
 ) -> ContractError:
-    return ContractError(message, param=param, code=code, request_id=request_id)
+    return ContractError(message, param=param, code=code, ref=ref)

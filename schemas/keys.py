@@ -1,7 +1,16 @@
 """Redis key layout of the v1 contract, in one place.
 
-Every key is built here from a validated id (`[A-Za-z0-9_.:-]`), so no
-request can make a worker write outside its prefix.
+Every key is built here from a validated id (`[A-Za-z0-9_.:-]`), so no request can make a
+worker write outside its prefix, and no two (kind, id) pairs give the same key:
+
+* the prefix holds no `:`, so the first `:` ends it; the second segment names the kind
+  (`result`, `done`, `job`, `strikes`) and is a fixed word, so kinds cannot meet;
+* within `job`, the job's stream and cancel flag are the hash key plus `:done` /
+  `:cancel`, which is why a job_id may not end with either (`schemas.limits.
+  RESERVED_JOB_SUFFIXES`, refused at the edge): job `vic:done` would otherwise be job
+  `vic`'s stream. This keeps the v1 key names, so nothing written before changes.
+
+tests/unit/test_keys.py proves the layout injective over generated ids built to collide.
 """
 
 from __future__ import annotations
@@ -22,6 +31,16 @@ class JobField(StrEnum):
     updated_at = "updated_at"
     submitted = "submitted"
     status = "status"
+    # written and read by the producer only (bulk jobs)
+    input_path = "input_path"
+    input_sha256 = "input_sha256"
+    attempt = "attempt"
+    retry_line = "retry_line"
+
+
+DUPLICATE_FIELD_PREFIX = "dup:"
+"""Job-hash field `dup:{request_id}`: this job counted a request whose id already held
+another job's result (once, however often the record comes back)."""
 
 
 class JobStatus(StrEnum):
@@ -31,6 +50,17 @@ class JobStatus(StrEnum):
     completed = "completed"
     completed_with_errors = "completed_with_errors"
     cancelled = "cancelled"
+
+
+class StreamField(StrEnum):
+    """Fields of an entry of the `{prefix}:job:{job_id}:done` stream."""
+
+    request_id = "request_id"
+    custom_id = "custom_id"
+    status = "status"
+    result = "result"
+    """Present only when the result cannot live at its result key (a request_id already
+    answered for another job): the result envelope JSON itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +81,11 @@ class RedisKeys:
 
     def job_cancel(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:cancel"
+
+    def strikes(self, group: str) -> str:
+        """Hash `{topic}/{partition}/{offset}` -> how often a worker of consumer group
+        `group` stopped on a fault while handling that record (poison-pill guard)."""
+        return f"{self.prefix}:strikes:{group}"
 
 
 DONE_TOKEN = "1"

@@ -25,3 +25,10 @@ ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_CUSTOM_ID_CHARS = 512
 PRIORITY_BOUND = 2**31
+RESERVED_JOB_SUFFIXES = (":done", ":cancel")
+"""A job_id may not end with these: `{prefix}:job:{job_id}` + suffix names the job's own
+stream and cancel flag (see schemas/keys.py), so a job called `vic:done` would be job
+`vic`'s stream."""
+MAX_JSON_INT_DIGITS = 1_000
+"""Integers in free-form JSON (metadata, schemas) beyond this are refused: Python's own
+JSON reader gives up at 4,300 digits, so a result echoing one could not be read back."""

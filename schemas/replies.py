@@ -2,100 +2,90 @@
 
 This is part of the contract, not of the worker: the producer answers the lines it
 refuses itself (bad lines of a bulk file, lines of a cancelled job it never sent)
-through the very same script, so counters, the job stream and the job's final
-status move exactly as if a worker had answered. The Redis client is injected.
+through the very same script, so counters, the job stream and the final status move
+exactly as if a worker had answered. The Redis client is injected; the scripts are in
+`schemas/lua/` (see `schemas.scripts`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from schemas.keys import RedisKeys
 from schemas.result import ResultEnvelope
+from schemas.scripts import lua
 
-FINALIZE_JOB_LUA = """
--- finalize(job): once every request of a running (or cancelling) job is answered, set
--- its final status; returns the status. Shared by the result writer and the producer.
-local function finalize(job)
-  local h = redis.call('HMGET', job, 'total', 'succeeded', 'failed', 'expired',
-                      'cancelled', 'status')
-  local total = tonumber(h[1])
-  if not total then return h[6] end
-  local ok = tonumber(h[2]) or 0
-  local cancelled = tonumber(h[5]) or 0
-  local done = ok + (tonumber(h[3]) or 0) + (tonumber(h[4]) or 0) + cancelled
-  if done >= total and (h[6] == 'running' or h[6] == 'cancelling') then
-    local status = 'completed'
-    if h[6] == 'cancelling' or cancelled > 0 then status = 'cancelled'
-    elseif done > ok then status = 'completed_with_errors' end
-    redis.call('HSET', job, 'status', status)
-    return status
-  end
-  return h[6]
-end
-"""
 
-WRITE_RESULTS_LUA = (
-    FINALIZE_JOB_LUA
-    + """
--- Writes many results in one call. KEYS: per result (result, done, job hash, job stream).
--- ARGV[1] = now_ms; then per result: json, ttl, status, request_id, custom_id, has_job.
--- Returns one 1 (written now) or 0 (already existed) per result.
-local out = {}
-local now = ARGV[1]
-for i = 0, (#KEYS / 4) - 1 do
-  local k, a = i * 4, 1 + i * 6
-  local rkey, dkey, jkey, skey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
-  local ttl = tonumber(ARGV[a + 2])
-  local status = ARGV[a + 3]
-  if not redis.call('SET', rkey, ARGV[a + 1], 'NX', 'EX', ttl) then
-    out[#out + 1] = 0
-  else
-    out[#out + 1] = 1
-    redis.call('RPUSH', dkey, '1')
-    redis.call('EXPIRE', dkey, ttl)
-    if ARGV[a + 6] == '1' then
-      redis.call('HINCRBY', jkey, status, 1)
-      redis.call('HSET', jkey, 'updated_at', now)
-      redis.call('XADD', skey, '*', 'request_id', ARGV[a + 4], 'custom_id', ARGV[a + 5],
-                 'status', status)
-      if redis.call('TTL', jkey) < ttl then redis.call('EXPIRE', jkey, ttl) end
-      if redis.call('TTL', skey) < ttl then redis.call('EXPIRE', skey, ttl) end
-      finalize(jkey)
-    end
-  end
-end
-return out
-"""
-)
+class WriteStatus(StrEnum):
+    written = "written"
+    """Written now: result key, wake-up push and (in a job) its counters and stream entry."""
+    existed = "existed"
+    """A result was already there: a redelivery, nothing changed."""
+    other_job = "other_job"
+    """A result of another job was already there: record the duplicate for this job."""
+    wrong_type = "wrong_type"
+    """One of its keys holds another Redis type; nothing was written (`detail` says which)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteReply:
+    status: WriteStatus
+    detail: str = ""
+
+    @property
+    def fresh(self) -> bool:
+        return self.status is WriteStatus.written
+
+
+_CODES = {1: WriteStatus.written, 0: WriteStatus.existed, 3: WriteStatus.other_job}
+
+
+def _reply(raw: Any) -> WriteReply:
+    if isinstance(raw, int):
+        return WriteReply(_CODES[raw])
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    if text.startswith("wrongtype "):
+        role, _, kind = text[len("wrongtype ") :].partition(" ")
+        return WriteReply(WriteStatus.wrong_type, f"its {role} key holds a Redis {kind}")
+    raise ValueError(f"unexpected reply from the result script: {text!r}")
 
 
 class ResultWriter:
-    """Writes result envelopes once each (see WRITE_RESULTS_LUA)."""
+    """Writes result envelopes once each (see `schemas/lua/write_results.lua`)."""
 
     def __init__(self, client: Any, keys: RedisKeys) -> None:
         self._keys = keys
-        self._write_script = client.register_script(WRITE_RESULTS_LUA)
+        self._write_script = client.register_script(lua("write_results"))
+        self._duplicate_script = client.register_script(lua("record_duplicate"))
 
-    def write(self, results: Sequence[tuple[ResultEnvelope, int]], now_ms: int) -> list[bool]:
-        """Write (result, ttl_s) pairs once each; True where this call wrote it.
+    def write(
+        self,
+        results: Sequence[tuple[ResultEnvelope, int]],
+        now_ms: int,
+        *,
+        job_bookkeeping: bool = True,
+    ) -> list[WriteReply]:
+        """Write (result, ttl_s) pairs once each; one reply per pair, in order.
 
-        One script call for the whole chunk: packing one command with many
-        arguments costs far less client CPU than one command per result.
+        One script call for the whole chunk: packing one command with many arguments costs
+        far less client CPU than one command per result. `job_bookkeeping=False` writes the
+        results without touching their jobs' keys (for a job whose keys are broken).
         """
         if not results:
             return []
         keys: list[str] = []
         args: list[str | int] = [now_ms]
         for result, ttl_s in results:
-            job = result.job_id or "-"
+            job = (result.job_id if job_bookkeeping else None) or ""
             rid = result.request_id
             keys += [
                 self._keys.result(rid),
                 self._keys.done(rid),
-                self._keys.job(job),
-                self._keys.job_stream(job),
+                self._keys.job(job or "-"),
+                self._keys.job_stream(job or "-"),
             ]
             args += [
                 result.model_dump_json(exclude_none=True),
@@ -103,6 +93,23 @@ class ResultWriter:
                 result.status.value,
                 rid,
                 result.custom_id or "",
-                "1" if result.job_id else "0",
+                job,
             ]
-        return [bool(flag) for flag in self._write_script(keys=keys, args=args)]
+        return [_reply(raw) for raw in self._write_script(keys=keys, args=args)]
+
+    def record_duplicate(self, result: ResultEnvelope, ttl_s: int, now_ms: int) -> WriteReply:
+        """Count `result` (a failed `duplicate_request_id` result) in its job, once; the
+        result travels inline in the job's stream entry."""
+        if not result.job_id:
+            return WriteReply(WriteStatus.existed)
+        raw = self._duplicate_script(
+            keys=[self._keys.job(result.job_id), self._keys.job_stream(result.job_id)],
+            args=[
+                result.request_id,
+                result.custom_id or "",
+                result.model_dump_json(exclude_none=True),
+                now_ms,
+                ttl_s,
+            ],
+        )
+        return WriteReply(WriteStatus.written) if raw == 1 else _reply(raw)

@@ -11,8 +11,6 @@ import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -26,25 +24,45 @@ from pydantic import (
 )
 from pydantic_core import to_json
 
-from schemas import limits
+from schemas import json_schema, limits
 
 RequestId = Annotated[str, Field(pattern=limits.ID_PATTERN, min_length=1, max_length=128)]
+
+
+def _not_reserved(job_id: str) -> str:
+    if job_id.endswith(limits.RESERVED_JOB_SUFFIXES):
+        raise ValueError(
+            f"may not end with {' or '.join(limits.RESERVED_JOB_SUFFIXES)} (those name a "
+            "job's own Redis keys)"
+        )
+    return job_id
+
+
+JobId = Annotated[RequestId, AfterValidator(_not_reserved)]
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 CHAT_ENDPOINT: Endpoint = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT: Endpoint = "/v1/completions"
 Text = Annotated[str, Field(max_length=limits.MAX_TEXT_CHARS)]
 
 
+_INT_BOUND = 10**limits.MAX_JSON_INT_DIGITS
+
+
 def _finite_json(value: dict[str, Any]) -> dict[str, Any]:
     """Free-form JSON fields hold only what JSON can say: Python's parser (and pydantic's)
     accept `NaN` and `Infinity`, which no JSON reader need understand and which come back
     as null once the result is written, so a request's metadata would not be echoed as
-    sent. Rejected at the edge, naming where."""
+    sent; and an integer of thousands of digits that Python's `json` cannot read back.
+    Rejected at the edge, naming where."""
     stack: list[tuple[str, Any]] = [("", value)]
     while stack:
         path, item = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
             raise ValueError(f"{path or '(value)'}: {item} is not a JSON number")
+        if isinstance(item, int) and not -_INT_BOUND < item < _INT_BOUND:
+            raise ValueError(
+                f"{path or '(value)'}: integer of more than {limits.MAX_JSON_INT_DIGITS} digits"
+            )
         if isinstance(item, dict):
             stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in item.items())
         elif isinstance(item, list):
@@ -147,10 +165,7 @@ class FunctionDef(StrictModel):
             return value
         if len(to_json(value)) > limits.MAX_TOOL_SCHEMA_BYTES:
             raise ValueError(f"tool schema over {limits.MAX_TOOL_SCHEMA_BYTES} bytes")
-        try:
-            Draft202012Validator.check_schema(value)
-        except SchemaError as exc:
-            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        json_schema.check(value)
         if value.get("type", "object") != "object":
             raise ValueError("tool parameters must describe an object")
         return value
@@ -194,10 +209,9 @@ class JsonSchemaSpec(StrictModel):
     @field_validator("schema_")
     @classmethod
     def _is_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:
-            Draft202012Validator.check_schema(value)
-        except SchemaError as exc:
-            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        if len(to_json(value)) > limits.MAX_TOOL_SCHEMA_BYTES:
+            raise ValueError(f"response schema over {limits.MAX_TOOL_SCHEMA_BYTES} bytes")
+        json_schema.check(value)
         return value
 
 
@@ -301,7 +315,7 @@ class CompletionBody(SamplingFields):
     prompt: (
         Annotated[str, Field(min_length=1, max_length=limits.MAX_TEXT_CHARS)]
         | Annotated[
-            list[Annotated[int, Field(ge=0)]],
+            list[Annotated[int, Field(ge=0, lt=2**31)]],
             Field(min_length=1, max_length=limits.MAX_PROMPT_TOKEN_IDS),
         ]
     )
@@ -335,7 +349,7 @@ class RequestEnvelope(StrictModel):
     request_id: RequestId
     endpoint: Endpoint = CHAT_ENDPOINT
     body: Body
-    job_id: RequestId | None = None
+    job_id: JobId | None = None
     custom_id: Annotated[str, Field(min_length=1, max_length=limits.MAX_CUSTOM_ID_CHARS)] | None = (
         None
     )

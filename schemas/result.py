@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.errors import ErrorInfo
-from schemas.request import ToolCall
+from schemas.errors import ErrorCode, ErrorInfo
+from schemas.ref import RequestRef
+from schemas.request import RequestEnvelope, ToolCall
 
 
 class ResultModel(BaseModel):
@@ -143,3 +144,54 @@ class ResultEnvelope(ResultModel):
     @property
     def ok(self) -> bool:
         return self.status is Status.succeeded
+
+    @classmethod
+    def for_request(
+        cls,
+        request: RequestEnvelope | RequestRef,
+        status: Status,
+        *,
+        response: ChatCompletion | Completion | None = None,
+        error: ErrorInfo | None = None,
+        tool_call_errors: list[ToolCallError] | None = None,
+        timings: Timings | None = None,
+        worker: WorkerInfo | None = None,
+    ) -> ResultEnvelope:
+        """The one way a result is made, for every outcome, by worker and producer alike: it
+        echoes the request's id, job, custom_id and metadata, so no outcome loses its job."""
+        ref = request if isinstance(request, RequestRef) else RequestRef.of(request)
+        if status is not Status.succeeded and error is None:
+            raise ValueError(f"a {status} result needs an error")
+        return cls(
+            request_id=ref.request_id,
+            job_id=ref.job_id,
+            custom_id=ref.custom_id,
+            metadata=ref.metadata,
+            status=status,
+            response=response,
+            error=error,
+            tool_call_errors=tool_call_errors or [],
+            timings=timings or Timings(),
+            worker=worker,
+        )
+
+    @classmethod
+    def failure(
+        cls,
+        request: RequestEnvelope | RequestRef,
+        code: ErrorCode,
+        message: str,
+        *,
+        param: str | None = None,
+        status: Status = Status.failed,
+        timings: Timings | None = None,
+        worker: WorkerInfo | None = None,
+    ) -> ResultEnvelope:
+        """Shorthand for a result that did not succeed."""
+        return cls.for_request(
+            request,
+            status,
+            error=ErrorInfo(code=code, message=message, param=param),
+            timings=timings,
+            worker=worker,
+        )

@@ -26,6 +26,11 @@ class ConnectionSettings(BaseSettings):
         "qbatch.requests.dlq", description="Dead-letter topic for records that cannot be run."
     )
     group: str = Field("qbatch-workers", description="The workers' Kafka consumer group.")
+    results_topic: str | None = Field(
+        None,
+        description="Kafka topic the workers also publish every result to (key request_id, "
+        "value the result envelope JSON); unset: results go to Redis only.",
+    )
     prefix: str = Field(
         default="qbatch", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Redis key prefix."
     )

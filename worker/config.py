@@ -122,11 +122,49 @@ class WorkerSettings(ConnectionSettings):
     echo_delay_ms: float = Field(0.0, ge=0, description="echo engine: delay per answer.")
     dead_letter: bool = Field(True, description="Send bad records to the DLQ topic.")
 
+    # --- reply sinks
+    redis_sink: bool = Field(
+        True,
+        description="Write results to Redis (the v1 contract; also the dedupe store and "
+        "job bookkeeping). Off: results go only to --results-topic.",
+    )
+    results_transactional: bool = Field(
+        False,
+        description="Publish results and commit consumer offsets in one Kafka transaction: "
+        "exactly once on --results-topic for read_committed consumers.",
+    )
+    transactional_id: str | None = Field(
+        None,
+        description="Kafka transactional.id of this worker (default qbatch-{group}-"
+        "{worker_id}); keep it stable across restarts so a crashed worker's open "
+        "transaction is fenced at once instead of timing out.",
+    )
+    transaction_timeout_ms: int = Field(
+        30_000, ge=1_000, description="Kafka transaction timeout (transactional mode)."
+    )
+    results_max_record_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Largest result record the results sink sends (the topic's "
+        "max.message.bytes must allow it); a larger one is dead-lettered.",
+    )
+
     @model_validator(mode="after")
     def _needs_model(self) -> WorkerSettings:
         if self.engine in ("vllm", "transformers") and not self.model:
             raise ValueError(f"--model (QBATCH_MODEL) is required for engine {self.engine}")
         return self
+
+    @model_validator(mode="after")
+    def _has_a_sink(self) -> WorkerSettings:
+        if not self.redis_sink and not self.results_topic:
+            raise ValueError("no reply sink: keep --redis-sink or set --results-topic")
+        if self.results_transactional and not self.results_topic:
+            raise ValueError("--results-transactional needs --results-topic")
+        return self
+
+    def transactional_id_or_default(self) -> str:
+        return self.transactional_id or f"qbatch-{self.group}-{self.worker_id}"
 
     @property
     def resume_below(self) -> int:

@@ -23,9 +23,13 @@ LIVENESS_STALL_S = 60.0
 def _checks(state: Any) -> tuple[bool, bool, dict[str, Any]]:
     stalled_for = time.monotonic() - state.last_loop
     # While the model loads the loop has not started; the startup probe bounds that phase.
-    live = not state.engine_ready or stalled_for < LIVENESS_STALL_S
+    # A thread that stopped on a fault makes the worker dead at once (it is stopping and
+    # will exit non-zero; a supervisor should not wait for the stall to notice).
+    fault = getattr(state, "fault", None)
+    live = fault is None and (not state.engine_ready or stalled_for < LIVENESS_STALL_S)
     ready = live and state.engine_ready and state.redis_ok and not state.stopping
     detail = {
+        "fault": fault,
         "loop_stalled_s": round(stalled_for, 3),
         "engine_ready": state.engine_ready,
         "redis_ok": state.redis_ok,

@@ -307,6 +307,10 @@ class RequestConsumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
 
+    def group_metadata(self) -> Any:
+        """The group generation and member (KIP-447), for a transactional offset commit."""
+        return self._consumer.group_metadata()
+
     @property
     def paused(self) -> bool:
         return self._paused

@@ -139,3 +139,32 @@ REDIS_UP = Gauge(
     registry=REGISTRY,
 )
 COMMITS = Counter("qbatch_offset_commits_total", "Offset commits made to Kafka.", registry=REGISTRY)
+SINK_UP = Gauge(
+    "qbatch_sink_up",
+    "1 when the last write to a reply sink succeeded, 0 while it is failing.",
+    ["sink"],
+    registry=REGISTRY,
+)
+SINK_REFUSED = Counter(
+    "qbatch_sink_refused_total",
+    "Results a reply sink refused for good (a key of the wrong type, a script error); "
+    "each was answered as failed where possible and dead-lettered.",
+    ["sink"],
+    registry=REGISTRY,
+)
+DUPLICATE_IDS = Counter(
+    "qbatch_duplicate_request_ids_total",
+    "Requests whose request_id already held another job's result (answered duplicate_request_id).",
+    registry=REGISTRY,
+)
+THREAD_FAULTS = Counter(
+    "qbatch_thread_faults_total",
+    "Unexpected exceptions that stopped a worker thread (the worker then stops).",
+    ["thread"],
+    registry=REGISTRY,
+)
+QUARANTINED = Counter(
+    "qbatch_quarantined_records_total",
+    "Records not run because workers stopped twice while handling them (dead-lettered).",
+    registry=REGISTRY,
+)

@@ -31,6 +31,7 @@ is returned as is (only the reasoning split above touches it).
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import secrets
@@ -38,10 +39,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from pydantic import ValidationError
 
+from schemas import json_schema
 from schemas.request import FunctionCall, Tool, ToolCall
 from schemas.result import ToolCallError
 
@@ -139,24 +140,37 @@ def _split_blocks(text: str) -> tuple[list[str], list[tuple[str, bool]]]:
 
 
 class _Validators:
-    """Compiled argument validators, per tool, for one parse call."""
+    """Argument validators, per tool (compiled once per schema, with time-limited regex
+    matching: see `schemas.json_schema`)."""
 
     def __init__(self, tools: list[Tool]) -> None:
         self.tools = {tool.function.name: tool for tool in tools}
-        self._cache: dict[int, Draft202012Validator] = {}
 
     def validate(self, tool: Tool, arguments: dict[str, Any]) -> str | None:
         schema = tool.function.parameters
         if schema is None:
             return None
-        validator = self._cache.get(id(schema))
-        if validator is None:
-            validator = Draft202012Validator(schema)
-            self._cache[id(schema)] = validator
-        error = best_match(validator.iter_errors(arguments))
+        error = best_match(json_schema.validator(schema).iter_errors(arguments))
         if error is None:
             return None
         return f"arguments invalid: {error.message} at {error.json_path}"
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of the range of a JSON number")
+    return value
+
+
+def strict_json(text: str) -> Any:
+    """`json.loads` refusing what JSON does not have (NaN, Infinity, 1e999): arguments are
+    handed to strict parsers in other languages."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
 
 
 def _parse_block(
@@ -164,7 +178,7 @@ def _parse_block(
 ) -> tuple[str | None, dict[str, Any] | None, str | None]:
     """(name, arguments, error reason) for one closed block."""
     try:
-        obj = json.loads(inner)
+        obj = strict_json(inner)
     except ValueError as exc:
         return None, None, f"not valid JSON: {exc}"
     except RecursionError:
@@ -179,8 +193,8 @@ def _parse_block(
         arguments = {}
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except ValueError:
+            arguments = strict_json(arguments)
+        except (ValueError, RecursionError):
             return name, None, "'arguments' is a string that is not JSON"
     if not isinstance(arguments, dict):
         return name, None, f"'arguments' must be a JSON object, got {type(arguments).__name__}"
@@ -233,7 +247,8 @@ def parse_output(
                         id=make_id(),
                         type="function",
                         function=FunctionCall(
-                            name=name, arguments=json.dumps(arguments, ensure_ascii=False)
+                            name=name,
+                            arguments=json.dumps(arguments, ensure_ascii=False, allow_nan=False),
                         ),
                     )
                 )

@@ -292,9 +292,7 @@ def _create_topic(topic: str) -> None:
 def _start_worker(engine: Any, run: str, **worker_settings: Any) -> tuple[Any, threading.Thread]:
     """A worker on topic `bench.<run>`, key prefix `<run>`, sharing the loaded engine."""
     from worker.config import WorkerSettings
-    from worker.kafka_io import DeadLetters, RequestConsumer
-    from worker.redis_io import RedisReplies
-    from worker.service import Worker
+    from worker.service import build_worker
 
     topic = f"bench.{run}"
     settings = WorkerSettings(
@@ -309,13 +307,7 @@ def _start_worker(engine: Any, run: str, **worker_settings: Any) -> tuple[Any, t
         log_level="warning",
         **worker_settings,
     )
-    worker = Worker(
-        settings,
-        _KeepOpen(engine),  # type: ignore[arg-type]
-        RequestConsumer(settings),
-        RedisReplies.from_url(settings.redis_url, settings.keys),
-        DeadLetters(settings),
-    )
+    worker = build_worker(settings, _KeepOpen(engine))  # type: ignore[arg-type]
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     return worker, thread

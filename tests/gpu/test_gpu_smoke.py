@@ -45,9 +45,7 @@ def pipeline() -> Iterator[dict[str, Any]]:
 
     from worker.config import WorkerSettings
     from worker.engines.vllm_engine import VllmEngine
-    from worker.kafka_io import DeadLetters, RequestConsumer
-    from worker.redis_io import RedisReplies
-    from worker.service import Worker
+    from worker.service import build_worker
 
     run = f"gpu-{uuid.uuid4().hex[:6]}"
     settings = WorkerSettings(
@@ -69,13 +67,7 @@ def pipeline() -> Iterator[dict[str, Any]]:
     admin.close()
     engine = VllmEngine.from_settings(settings)
     engine.start()
-    worker = Worker(
-        settings,
-        engine,
-        RequestConsumer(settings),
-        RedisReplies.from_url(settings.redis_url, settings.keys),
-        DeadLetters(settings),
-    )
+    worker = build_worker(settings, engine)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")

@@ -1,4 +1,4 @@
-"""The job-finalize rule (schemas.replies.FINALIZE_JOB_LUA) on the real Redis.
+"""The job-finalize rule (schemas/lua/finalize.lua) on the real Redis.
 
 One Lua function decides a job's final status for the worker's result writer and the
 producer's own answers alike; these cases pin it down where it runs, in Redis.
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from schemas.replies import FINALIZE_JOB_LUA
+from schemas.scripts import function
 
-FINALIZE = FINALIZE_JOB_LUA + "\nreturn finalize(KEYS[1])\n"
+FINALIZE = function("finalize") + "\nreturn finalize(KEYS[1])\n"
 
 
 @pytest.mark.parametrize(

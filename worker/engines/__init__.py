@@ -1,7 +1,12 @@
-"""Engines behind one interface (`base.Engine`), chosen by `--engine`."""
+"""Engines behind one interface (`base.Engine`), chosen by `--engine`, from one registry.
+
+Heavy imports (torch, vllm, transformers) happen only for the engine that is chosen: the
+registry names each engine's module and class, imported when built.
+"""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 
@@ -9,14 +14,23 @@ from worker.config import WorkerSettings
 from worker.engines.base import Engine, EngineOutput, EngineRequest, EngineStats, SamplingSpec
 
 __all__ = [
+    "ENGINES",
     "Engine",
     "EngineOutput",
     "EngineRequest",
     "EngineStats",
     "SamplingSpec",
     "build_engine",
+    "engine_class",
     "resolve_engine_name",
 ]
+
+ENGINES: dict[str, str] = {
+    "echo": "worker.engines.echo:EchoEngine",
+    "transformers": "worker.engines.transformers_engine:TransformersEngine",
+    "vllm": "worker.engines.vllm_engine:VllmEngine",
+}
+"""`--engine` name -> `module:Class` of an `Engine` subclass."""
 
 
 def _gpu_present() -> bool:
@@ -39,27 +53,17 @@ def resolve_engine_name(settings: WorkerSettings) -> str:
     return "transformers"
 
 
+def engine_class(name: str) -> type[Engine]:
+    try:
+        module_name, _, class_name = ENGINES[name].partition(":")
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}") from None
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(cls, type) and issubclass(cls, Engine)):
+        raise TypeError(f"{ENGINES[name]} is not an Engine")
+    return cls
+
+
 def build_engine(settings: WorkerSettings) -> Engine:
-    """Heavy imports (torch, vllm) happen only for the engine that is chosen."""
-    name = resolve_engine_name(settings)
-    if name == "echo":
-        from worker.engines.echo import EchoEngine
-
-        return EchoEngine(
-            served_name=settings.served_name(),
-            max_model_len=settings.max_model_len or 32_768,
-            delay_ms=settings.echo_delay_ms,
-        )
-    if not settings.model:
-        raise ValueError(f"--model is required for engine {name}")
-    if name == "transformers":
-        from worker.engines.transformers_engine import TransformersEngine
-
-        return TransformersEngine(
-            settings.model,
-            max_model_len=settings.max_model_len,
-            served_name=settings.served_name(),
-        )
-    from worker.engines.vllm_engine import VllmEngine
-
-    return VllmEngine.from_settings(settings)
+    """The engine `settings` choose, built (not started)."""
+    return engine_class(resolve_engine_name(settings)).from_settings(settings)

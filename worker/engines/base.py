@@ -9,9 +9,13 @@ is easy to swap (vLLM on GPUs, transformers on a laptop, echo in tests).
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from worker.config import WorkerSettings
 
 EngineFinish = Literal["stop", "length", "abort", "error"]
 
@@ -69,7 +73,9 @@ OnDone = Callable[[EngineOutput], None]
 
 
 class Engine(abc.ABC):
-    """Lifecycle: `start()` once, `submit()` many times, `close()` once.
+    """Lifecycle: `start()` (runs `_start` once, however often it is called), `submit()`
+    many times, `close()` once. Built by `from_settings`, through the registry in
+    `worker.engines`.
 
     `submit` must not block for the length of generation in continuous mode:
     the service keeps feeding micro-batches while earlier ones are running.
@@ -82,6 +88,14 @@ class Engine(abc.ABC):
     _served_name: str = "engine"
     _max_model_len: int = 0
     _tokenizer: Any = None
+    _generation_defaults: dict[str, Any] | None = None
+    _start_lock = threading.Lock()
+    _started: bool = False
+
+    @classmethod
+    @abc.abstractmethod
+    def from_settings(cls, settings: WorkerSettings) -> Engine:
+        """The engine `settings` describe (not started)."""
 
     @property
     def model_name(self) -> str:
@@ -98,8 +112,22 @@ class Engine(abc.ABC):
         """A transformers tokenizer with the model's chat template, or None (echo)."""
         return self._tokenizer
 
-    def start(self) -> None:  # noqa: B027 - optional hook
-        """Load weights, start background loops."""
+    @property
+    def generation_defaults(self) -> dict[str, Any] | None:
+        """Sampling defaults of the model (its generation_config.json), applied by the
+        renderer to fields a request leaves unset, as vLLM's `generation_config="auto"`."""
+        return self._generation_defaults
+
+    def start(self) -> None:
+        """Load weights, start background loops: once, whoever calls it first."""
+        with self._start_lock:
+            if self._started:
+                return
+            self._start()
+            self._started = True
+
+    def _start(self) -> None:  # noqa: B027 - optional hook
+        """What `start` does the first time."""
 
     @abc.abstractmethod
     def submit(self, batch: Sequence[EngineRequest], on_done: OnDone) -> None:

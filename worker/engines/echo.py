@@ -13,8 +13,12 @@ import itertools
 import threading
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from worker.engines.base import Engine, EngineOutput, EngineRequest, OnDone
+
+if TYPE_CHECKING:
+    from worker.config import WorkerSettings
 
 
 def echo_output(request: EngineRequest) -> EngineOutput:
@@ -41,7 +45,15 @@ class EchoEngine(Engine):
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    @classmethod
+    def from_settings(cls, settings: WorkerSettings) -> EchoEngine:
+        return cls(
+            served_name=settings.served_name(),
+            max_model_len=settings.max_model_len or 32_768,
+            delay_ms=settings.echo_delay_ms,
+        )
+
+    def _start(self) -> None:
         if self._delay_s > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="echo-delay", daemon=True)
             self._thread.start()

@@ -27,12 +27,13 @@ torch and the model classes are imported lazily, so importing this module needs 
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import structlog
 
 from worker.engines.base import (
     Engine,
@@ -43,9 +44,12 @@ from worker.engines.base import (
     SamplingSpec,
 )
 
+if TYPE_CHECKING:
+    from worker.config import WorkerSettings
+
 __all__ = ["TransformersEngine"]
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger("qbatch.engine.transformers")
 
 _STOP = object()
 _GroupKey = tuple[Any, ...]
@@ -101,6 +105,9 @@ class TransformersEngine(Engine):
         eos.update(_as_ids(getattr(text_config, "eos_token_id", None)))
         eos.update(_as_ids(self._tokenizer.eos_token_id))
         self._eos_ids = sorted(eos)
+        from worker.rendering import load_generation_defaults
+
+        self._generation_defaults = load_generation_defaults(model_path)
         pad = self._tokenizer.pad_token_id
         self._pad_id = int(pad if pad is not None else (self._eos_ids[0] if self._eos_ids else 0))
 
@@ -112,9 +119,19 @@ class TransformersEngine(Engine):
         self._waiting = 0
         self._running = 0
 
+    @classmethod
+    def from_settings(cls, settings: WorkerSettings) -> TransformersEngine:
+        if not settings.model:
+            raise ValueError("--model is required for engine transformers")
+        return cls(
+            settings.model,
+            max_model_len=settings.max_model_len,
+            served_name=settings.served_name(),
+        )
+
     # ------------------------------------------------------------------ Engine API
 
-    def start(self) -> None:
+    def _start(self) -> None:
         with self._lock:
             if self._thread is not None:
                 return
@@ -203,7 +220,7 @@ class TransformersEngine(Engine):
             try:
                 self._run_batch(batch, once)
             except BaseException as exc:  # never let the thread die
-                log.exception("transformers engine: batch failed")
+                log.exception("transformers_batch_failed")
                 for request in batch:
                     if request.key not in delivered:
                         _deliver(on_done, _error(request, f"{type(exc).__name__}: {exc}"))
@@ -228,7 +245,7 @@ class TransformersEngine(Engine):
             try:
                 outputs = self._generate(key, members)
             except Exception as exc:
-                log.exception("transformers engine: generate failed for %d requests", len(members))
+                log.exception("transformers_generate_failed", size=len(members))
                 message = f"{type(exc).__name__}: {exc}"
                 outputs = [_error(req, message, prompt_tokens=len(ids)) for req, ids in members]
             for output in outputs:
@@ -412,4 +429,4 @@ def _deliver(on_done: OnDone, output: EngineOutput) -> None:
     try:
         on_done(output)
     except Exception:
-        log.exception("transformers engine: on_done raised for %s", output.key)
+        log.exception("transformers_on_done_failed", key=output.key)

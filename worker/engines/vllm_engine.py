@@ -174,8 +174,6 @@ class VllmEngine(Engine):
         self._served_name = str(kwargs.get("served_model_name") or kwargs["model"])
         self._tokenizer: Any = None
         self._max_model_len = 0
-        self.generation_defaults: dict[str, Any] | None = None
-        self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._llm: Any = None
         self._thread: threading.Thread | None = None
@@ -188,10 +186,7 @@ class VllmEngine(Engine):
 
     # ------------------------------------------------------------------ start
 
-    def start(self) -> None:
-        if self._started:
-            return
-        self._started = True
+    def _start(self) -> None:
         from transformers import AutoTokenizer
 
         from worker.rendering import load_generation_defaults
@@ -201,7 +196,7 @@ class VllmEngine(Engine):
             source, trust_remote_code=bool(self._kwargs.get("trust_remote_code"))
         )
         if Path(self._kwargs["model"]).is_dir():
-            self.generation_defaults = load_generation_defaults(self._kwargs["model"])
+            self._generation_defaults = load_generation_defaults(self._kwargs["model"])
         # Build the engine on the calling (main) thread, as vLLM expects; only the
         # event loop (continuous) or the blocking generate calls (static) live on
         # the engine thread. AsyncLLM starts its output handler lazily, inside our loop.

@@ -1,0 +1,238 @@
+"""The dispatcher thread: admit each micro-batch, render it, hand it to the engine.
+
+Admission is one look-up in the dedupe store per batch (answered already? job
+cancelled?); a request past its deadline is answered `expired` without GPU time. Each
+request is rendered on its own, so one that cannot run (unknown model, over the context,
+a template that chokes) is answered `failed` and costs its batch nothing. The engine
+answers through a callback from its own threads, which only hands over to the writer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from schemas import ContractError, ErrorCode, ErrorInfo, Status, WorkerInfo
+from schemas.ref import RequestRef
+from worker import failpoints, metrics
+from worker.batching import Batch
+from worker.engines.base import Engine, EngineOutput, EngineRequest
+from worker.logs import log
+from worker.records import Finished, Inbound, Reply, Running
+from worker.rendering import PromptRenderer
+from worker.results import refused_result
+from worker.sinks.base import (
+    NO_ADMISSION,
+    Admission,
+    ReplySink,
+    SinkHealth,
+    SinkRefused,
+    SinkUnavailable,
+)
+from worker.supervision import Suspect
+
+LANE_PRIORITY_STRIDE = 2**32
+"""Engine priority = lane rank * stride + request priority: every request of a better lane
+runs before any of a worse one (request priorities are bounded by +-2**31)."""
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        engine: Engine,
+        renderer: Callable[[], PromptRenderer],
+        store: ReplySink | None,
+        inbox: queue.Queue[Batch[Inbound] | None],
+        outbox: queue.SimpleQueue[Reply | Finished | None],
+        *,
+        worker_id: str,
+        worker_info: Callable[[str | None, int | None], WorkerInfo],
+        lane_rank: Callable[[str], int],
+        stopping: threading.Event,
+        health: SinkHealth,
+        dead_letter: Callable[[Inbound, ContractError], None],
+    ) -> None:
+        self.engine = engine
+        self._renderer = renderer
+        self.store = store
+        self.inbox = inbox
+        self.outbox = outbox
+        self._worker_id = worker_id
+        self._worker_info = worker_info
+        self._lane_rank = lane_rank
+        self._stopping = stopping
+        self.health = health
+        self._dead_letter = dead_letter
+        self._running: dict[str, Running] = {}
+        self._keys = itertools.count()
+        self._batch_seq = itertools.count(1)
+        self.current: list[Inbound] = []
+
+    def run(self) -> None:
+        while True:
+            batch = self.inbox.get()
+            if batch is None:
+                return
+            self.current = batch.items
+            failpoints.hit("dispatch", [item.envelope.request_id for item in batch.items])
+            self.admit_and_submit(batch.items)
+            self.current = []
+
+    def suspects(self) -> list[Suspect]:
+        return [(i.tp.topic, i.tp.partition, i.offset) for i in self.current]
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # ------------------------------------------------------------------ one batch
+
+    def admit_and_submit(self, items: Sequence[Inbound]) -> None:
+        admission = self._admission(items)
+        if admission is None:  # stopping while the store is down: hand the batch back
+            return
+        batch_id = f"{self._worker_id}-{next(self._batch_seq)}"
+        now = datetime.now(UTC)
+        requests: list[EngineRequest] = []
+        runs: list[Running] = []
+        dispatched_ms = _epoch_ms()
+        renderer = self._renderer()
+        for item in items:
+            env = item.envelope
+            seen = admission.answered_in(env.request_id, env.job_id)
+            if seen is True:
+                metrics.DUPLICATES_SKIPPED.inc()
+                self.outbox.put(
+                    Reply(
+                        item.tp,
+                        item.offset,
+                        item.record,
+                        None,
+                        lane=item.lane,
+                        answered=env.request_id,
+                        isolate=item.isolate,
+                    )
+                )
+                continue
+            if seen is False:
+                # Another job's result holds this id: the writer answers this request
+                # `duplicate_request_id` for its own job (no GPU time spent on it).
+                self.finish(item, ErrorCode.duplicate_request_id, "duplicate request_id")
+                continue
+            if env.deadline_passed(now):
+                self.finish(
+                    item,
+                    ErrorCode.deadline_exceeded,
+                    "deadline passed before the request started",
+                    status=Status.expired,
+                )
+                continue
+            if env.job_id and env.job_id in admission.cancelled_jobs:
+                self.finish(
+                    item,
+                    ErrorCode.cancelled,
+                    f"job {env.job_id} was cancelled",
+                    status=Status.cancelled,
+                )
+                continue
+            try:
+                rendered = renderer.render(env)
+            except ContractError as error:
+                error.ref = RequestRef.of(env)
+                self.reject(item, error)
+                continue
+            except Exception as exc:  # a template or tokenizer defect: this request only
+                log.exception("render_failed", request_id=env.request_id)
+                self.finish(
+                    item,
+                    ErrorCode.internal_error,
+                    f"rendering the prompt: {type(exc).__name__}: {exc}",
+                )
+                continue
+            key = str(next(self._keys))
+            run = Running(item, rendered, dispatched_ms)
+            self._running[key] = run
+            runs.append(run)
+            requests.append(
+                rendered.engine_request(
+                    key, self._lane_rank(item.lane) * LANE_PRIORITY_STRIDE + env.priority
+                )
+            )
+        shared = self._worker_info(batch_id, len(runs))
+        for run in runs:
+            run.worker = shared
+        if not requests:
+            return
+        log.debug("batch_dispatched", batch_id=batch_id, size=len(requests))
+        try:
+            self.engine.submit(requests, self.on_engine_done)
+        except Exception as exc:
+            log.exception("engine_submit_failed", batch_id=batch_id)
+            for request in requests:
+                self.on_engine_done(
+                    EngineOutput(request.key, "", 0, 0, "error", error=f"engine refused: {exc}")
+                )
+
+    def _admission(self, items: Sequence[Inbound]) -> Admission | None:
+        """The store's look-up, retried while it is unavailable (None: stop asked)."""
+        if self.store is None:
+            return NO_ADMISSION
+        envelopes = [item.envelope for item in items]
+        delay = 0.05
+        while True:
+            try:
+                admission = self.store.admission(envelopes)
+            except (SinkUnavailable, SinkRefused) as exc:
+                # A look-up cannot be split like a write: wait until the store answers.
+                self.health.failed(self.store, exc)
+                if self._stopping.is_set():
+                    return None
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            self.health.recovered(self.store)
+            return admission
+
+    def on_engine_done(self, output: EngineOutput) -> None:
+        """Runs on an engine thread: hand over and return, the writer does the work."""
+        run = self._running.pop(output.key, None)
+        if run is not None:
+            self.outbox.put(Finished(run, output, _epoch_ms()))
+
+    # ------------------------------------------------------------------ answers
+
+    def finish(
+        self, item: Inbound, code: ErrorCode, message: str, status: Status = Status.failed
+    ) -> None:
+        self._answer(item, ErrorInfo(code=code, message=message), status)
+
+    def reject(self, item: Inbound, error: ContractError) -> None:
+        """Bad input found at rendering: a failed result and the record to the DLQ."""
+        self._dead_letter(item, error)
+        self._answer(item, error.info(), Status.failed)
+
+    def _answer(self, item: Inbound, error: ErrorInfo, status: Status) -> None:
+        """A request that never reaches the engine gets its result here."""
+        env = item.envelope
+        result = refused_result(
+            env,
+            error,
+            status=status,
+            dequeued_ms=item.dequeued_ms,
+            finished_ms=_epoch_ms(),
+            worker=self._worker_info(None, None),
+        )
+        reply = Reply(item.tp, item.offset, item.record, result, env.result_ttl_s)
+        reply.lane, reply.isolate = item.lane, item.isolate
+        self.outbox.put(reply)
+
+
+def _epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+__all__ = ["LANE_PRIORITY_STRIDE", "Dispatcher"]

@@ -1,0 +1,44 @@
+"""Named fault-injection points, for tests that kill each worker thread in turn.
+
+`QBATCH_FAILPOINTS` (read once, at import) is a comma-separated list of `point` or
+`point=request_id`; a point fires (raises `FailpointError`) when the code reaches it with
+that request_id among the ids it is handling (or with any ids, when none is named).
+Points: `accept` (main loop, one record), `dispatch` (dispatcher, one micro-batch),
+`write` (writer, one chunk). Unset in production: `hit()` is then a dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+__all__ = ["FailpointError", "hit"]
+
+
+class FailpointError(RuntimeError):
+    """An injected fault."""
+
+
+def _parse(text: str) -> dict[str, set[str] | None]:
+    points: dict[str, set[str] | None] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, rid = item.partition("=")
+        if not rid:
+            points[name] = None
+        else:
+            ids = points.setdefault(name, set())
+            if ids is not None:
+                ids.add(rid)
+    return points
+
+
+_POINTS = _parse(os.environ.get("QBATCH_FAILPOINTS", ""))
+
+
+def hit(point: str, request_ids: Iterable[str | None] = ()) -> None:
+    """Raise `FailpointError` if `point` is armed for one of `request_ids`."""
+    if point not in _POINTS:
+        return
+    wanted = _POINTS[point]
+    if wanted is None or wanted.intersection(request_ids):
+        raise FailpointError(f"failpoint {point} fired")

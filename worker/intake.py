@@ -1,0 +1,347 @@
+"""The main loop: it owns the Kafka consumer (kafka-python's is not thread-safe).
+
+Each turn: poll, decode and micro-batch the records, dispatch a due batch, take back the
+offsets the writer finished, commit the contiguous done prefix, and pause or resume
+fetching. An offset is marked done only after every sink holds its result (or, for a
+record with no recoverable request_id, after it is dead-lettered), and only the
+contiguous done prefix of a partition is committed: at-least-once, nothing lost. In-flight
+work is bounded by `max_inflight`: past it, and whenever a sink is failing, fetching is
+paused while the consumer keeps polling, so the group does not evict the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kafka.structs import TopicPartition
+
+from schemas import ContractError, ErrorCode, decode_request
+from schemas.ref import RequestRef
+from worker import failpoints, metrics
+from worker.batching import Batch, MicroBatcher
+from worker.commits import Committer
+from worker.config import WorkerSettings
+from worker.kafka_io import DeadLetters, RequestConsumer, time_in_kafka_s
+from worker.logs import log
+from worker.offsets import OffsetTracker
+from worker.records import Finished, Inbound, Reply
+from worker.results import refused_result
+from worker.supervision import StrikeBook, Suspect, Verdict
+
+_QUEUE_POLL_S = 0.05
+_LAG_INTERVAL_S = 5.0
+
+Done = list[tuple[TopicPartition, int]]
+
+
+class Intake:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        consumer: RequestConsumer,
+        committer: Committer,
+        dead_letters: DeadLetters | None,
+        dispatch_q: queue.Queue[Batch[Inbound] | None],
+        results_q: queue.SimpleQueue[Reply | Finished | None],
+        *,
+        strikes: StrikeBook,
+        worker_info: Callable[..., Any],
+        pending_in_sinks: Callable[[], int],
+        sinks_ok: Callable[[], bool],
+        on_assigned: Callable[[int], None],
+        lane_of: Callable[[str], str],
+        report_engine: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.consumer = consumer
+        self.committer = committer
+        self.dead_letters = dead_letters
+        self.dispatch_q = dispatch_q
+        self.results_q = results_q
+        self.strikes = strikes
+        self._worker_info = worker_info
+        self._pending_in_sinks = pending_in_sinks
+        self._sinks_ok = sinks_ok
+        self._on_assigned_count = on_assigned
+        self._lane_of = lane_of
+        self._report_engine = report_engine
+        self.clock = clock
+        self.tracker: OffsetTracker[TopicPartition] = OffsetTracker()
+        self.batcher: MicroBatcher[Inbound] = MicroBatcher(
+            max_size=settings.batch_max_size,
+            max_wait_ms=settings.batch_max_wait_ms,
+            clock=clock,
+        )
+        self.written_q: queue.SimpleQueue[Done] = queue.SimpleQueue()
+        self._positions: dict[TopicPartition, int] = {}
+        self._rewind: dict[TopicPartition, int] = {}
+        """Revoked partitions with unanswered records: where to seek if they come back."""
+        self._last_commit = clock()
+        self._last_lag = clock()
+        self.current: Any = None
+        """The record being accepted (what a fault in this loop is blamed on)."""
+
+    # ------------------------------------------------------------------ one turn
+
+    def step(self) -> None:
+        due_in = self.batcher.time_until_due(self.clock())
+        timeout = _QUEUE_POLL_S if due_in is None else min(due_in, _QUEUE_POLL_S)
+        room = self.settings.max_inflight - self.in_flight
+        records = self.consumer.poll(timeout, min(self.settings.poll_max_records, max(room, 1)))
+        if records:
+            metrics.RECORDS_CONSUMED.inc(len(records))
+            wall_ms = _epoch_ms()
+            for record in records:
+                self.current = record
+                self.accept(record, wall_ms)
+            self.current = None
+        batch = self.batcher.poll(self.clock())
+        if batch is not None:
+            self.dispatch(batch)
+        self.absorb_written()
+        self.maybe_commit()
+        self.apply_backpressure()
+        self.maybe_report_lag()
+
+    def suspects(self) -> list[Suspect]:
+        record = self.current
+        if record is None:
+            return []
+        return [(record.topic, record.partition, record.offset)]
+
+    @property
+    def in_flight(self) -> int:
+        return self.tracker.in_flight + self._pending_in_sinks()
+
+    def accept(self, record: Any, wall_ms: int) -> None:
+        tp = TopicPartition(record.topic, record.partition)
+        if not self.tracker.track(tp, record.offset):
+            return
+        self._positions[tp] = record.offset + 1
+        lane = self._lane_of(record.topic)
+        verdict = self.strikes.verdict(record.topic, record.partition, record.offset)
+        if verdict is Verdict.quarantine:
+            self.quarantine(record, tp, lane, wall_ms)
+            return
+        try:
+            envelope = decode_request(record.value or b"", record.key)
+        except ContractError as error:
+            self.reject(record, tp, error, wall_ms, lane)
+            return
+        failpoints.hit("accept", [envelope.request_id])
+        item = Inbound(
+            tp,
+            record.offset,
+            record,
+            envelope,
+            wall_ms,
+            lane=lane,
+            isolate=verdict is Verdict.isolate,
+        )
+        if item.isolate:  # on probation: alone in its batch (see worker.supervision)
+            pending = self.batcher.flush(self.clock())
+            if pending is not None:
+                self.dispatch(pending)
+            now = self.clock()
+            self.dispatch(Batch([item], now, now, "flush"))
+            return
+        batch = self.batcher.add(
+            item,
+            priority=envelope.priority,
+            waited_s=time_in_kafka_s(record.timestamp, wall_ms),
+        )
+        if batch is not None:
+            self.dispatch(batch)
+
+    def reject(
+        self, record: Any, tp: TopicPartition, error: ContractError, wall_ms: int, lane: str
+    ) -> None:
+        """Bad input: a failed result where a request is known, and the raw record to the DLQ."""
+        log.info(
+            "request_rejected",
+            request_id=error.request_id,
+            partition=record.partition,
+            offset=record.offset,
+            code=error.code.value,
+            error=error.message[:500],
+        )
+        self.dead_letter(record, error)
+        ref = error.ref
+        if ref is None:
+            self.results_q.put(Reply(tp, record.offset, record, None, lane=lane))
+            metrics.REQUESTS.labels("failed", error.code.value).inc()
+            return
+        result = refused_result(
+            ref,
+            error.info(),
+            dequeued_ms=wall_ms,
+            finished_ms=_epoch_ms(),
+            worker=self._worker_info(),
+        )
+        self.results_q.put(Reply(tp, record.offset, record, result, ref.result_ttl_s, lane=lane))
+
+    def quarantine(self, record: Any, tp: TopicPartition, lane: str, wall_ms: int) -> None:
+        """A record workers stopped on twice: not run again."""
+        metrics.QUARANTINED.inc()
+        message = (
+            "a worker stopped on an internal fault twice while handling this record; it is "
+            "not run again (see the dead-letter topic and the worker logs)"
+        )
+        try:
+            ref = decode_request(record.value or b"", record.key)
+            error = ContractError(message, code=ErrorCode.internal_error, ref=RequestRef.of(ref))
+        except ContractError as bad:
+            error = ContractError(message, code=ErrorCode.internal_error, ref=bad.ref)
+        except Exception:
+            error = ContractError(message, code=ErrorCode.internal_error)
+        log.error(
+            "record_quarantined",
+            request_id=error.request_id,
+            partition=record.partition,
+            offset=record.offset,
+        )
+        self.reject(record, tp, error, wall_ms, lane)
+
+    def dead_letter(self, record: Any, error: ContractError) -> None:
+        if self.dead_letters is not None:
+            self.dead_letters.send(record, error)
+            metrics.DEAD_LETTERED.labels(error.code.value).inc()
+
+    def dispatch(self, batch: Batch[Inbound]) -> None:
+        metrics.BATCH_SIZE.observe(len(batch.items))
+        metrics.BATCH_WAIT.observe(batch.closed_at - batch.opened_at)
+        self.dispatch_q.put(batch)
+
+    # ------------------------------------------------------------------ offsets
+
+    def absorb_written(self) -> None:
+        while True:
+            try:
+                done = self.written_q.get_nowait()
+            except queue.Empty:
+                return
+            for tp, offset in done:
+                self.tracker.done(tp, offset)
+
+    def wait_written(self, timeout: float) -> None:
+        try:
+            first = self.written_q.get(timeout=timeout)
+        except queue.Empty:
+            return
+        for tp, offset in first:
+            self.tracker.done(tp, offset)
+
+    def maybe_commit(self, force: bool = False) -> None:
+        now = self.clock()
+        if not force and (now - self._last_commit) * 1000 < self.settings.commit_interval_ms:
+            return
+        self._last_commit = now
+        offsets = self.tracker.committable()
+        if offsets:
+            self.commit(offsets)
+
+    def commit(self, offsets: dict[TopicPartition, int], *, blocking: bool = True) -> None:
+        if self.committer.commit(offsets, blocking=blocking):
+            self.tracker.mark_committed(offsets)
+            metrics.COMMITS.inc()
+
+    # ------------------------------------------------------------------ flow control
+
+    def apply_backpressure(self) -> None:
+        in_flight = self.in_flight
+        metrics.IN_FLIGHT.set(in_flight)
+        sinks_ok = self._sinks_ok()
+        if not self.consumer.paused:
+            if in_flight >= self.settings.max_inflight or not sinks_ok:
+                self.consumer.pause()
+                metrics.PAUSED.set(1)
+                log.info("fetch_paused", in_flight=in_flight, sinks_ok=sinks_ok)
+        elif sinks_ok and in_flight <= self.settings.resume_below:
+            self.consumer.resume()
+            metrics.PAUSED.set(0)
+            log.info("fetch_resumed", in_flight=in_flight)
+
+    def maybe_report_lag(self) -> None:
+        now = self.clock()
+        if now - self._last_lag < _LAG_INTERVAL_S:
+            return
+        self._last_lag = now
+        for tp, lag in self.consumer.lag(self._positions).items():
+            metrics.CONSUMER_LAG.labels(str(tp.partition)).set(lag)
+        self._report_engine()
+
+    # ------------------------------------------------------------------ rebalance
+
+    def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        # A partition that comes back to this worker keeps kafka-python's fetch position,
+        # past the records dropped or still unanswered at the revoke: rewind to the first
+        # of them (at-least-once; answered ones are skipped at admission).
+        rewind, self._rewind = self._rewind, {}
+        for tp in assigned:
+            if tp in rewind:
+                self.consumer.seek(tp, rewind[tp])
+        self.tracker.assign(assigned)
+        self.consumer.reapply_pause(assigned)
+        self._on_assigned_count(len(self.consumer.assignment()))
+        log.info("partitions_assigned", partitions=sorted(tp.partition for tp in assigned))
+
+    def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Commit what is done; what is not will be redelivered to the new owner."""
+        self.absorb_written()
+        dropped = self.batcher.drop(lambda item: item.tp in revoked)
+        for tp in revoked:
+            offset = self.tracker.resume_offset(tp)
+            if offset is not None:
+                self._rewind[tp] = offset
+        final = self.tracker.revoke(revoked)
+        for tp in revoked:
+            self._positions.pop(tp, None)
+            with contextlib.suppress(KeyError):
+                metrics.CONSUMER_LAG.remove(str(tp.partition))
+        if final:
+            self.commit(final, blocking=False)
+        self.committer.revoked(revoked)
+        self._on_assigned_count(max(0, len(self.consumer.assignment()) - len(revoked)))
+        log.info(
+            "partitions_revoked",
+            partitions=sorted(tp.partition for tp in revoked),
+            undispatched_handed_back=len(dropped),
+        )
+
+    # ------------------------------------------------------------------ drain
+
+    def drain(self, timeout_s: float, can_finish: Callable[[], bool]) -> bool:
+        """Stop fetching, finish what is in flight (within the timeout), write, commit.
+
+        `can_finish` False (a thread that would finish the work has died) ends the wait
+        at once: what is not written is handed back by not committing it.
+        """
+        deadline = self.clock() + timeout_s
+        self.consumer.pause()
+        pending = self.batcher.flush(self.clock())
+        if pending is not None:
+            self.dispatch(pending)
+        log.info("draining", in_flight=self.tracker.in_flight)
+        while self.tracker.in_flight and self.clock() < deadline and can_finish():
+            self.wait_written(0.05)
+            self.absorb_written()
+            self.maybe_commit()
+            self.consumer.poll(0, 1)  # keep the group membership alive while draining
+        self.absorb_written()
+        self.maybe_commit(force=True)
+        clean = self.tracker.in_flight == 0
+        if not clean:
+            log.warning("drain_incomplete_handing_back", in_flight=self.tracker.in_flight)
+        return clean
+
+
+def _epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+__all__ = ["Intake"]

@@ -1,0 +1,72 @@
+"""What travels between the worker's threads: a record's journey, stage by stage.
+
+intake (main thread) -> `Inbound` -> dispatcher -> `Running` (in the engine) ->
+`Finished` -> writer -> `Reply` -> sinks; the writer hands the written offsets back
+to intake, which commits them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kafka.structs import TopicPartition
+
+from schemas import RequestEnvelope, ResultEnvelope, WorkerInfo
+from worker.engines.base import EngineOutput
+from worker.rendering import RenderedPrompt
+
+
+@dataclass(slots=True)
+class Inbound:
+    """A decoded record waiting for, or inside, a micro-batch."""
+
+    tp: TopicPartition
+    offset: int
+    record: Any
+    envelope: RequestEnvelope
+    dequeued_ms: int
+    lane: str = "interactive"
+    isolate: bool = False
+    """On probation: this record was being handled when a worker stopped on a fault, so it
+    runs and is written alone (a second fault then blames it, and only it)."""
+
+
+@dataclass(slots=True)
+class Running:
+    inbound: Inbound
+    rendered: RenderedPrompt
+    dispatched_ms: int
+    worker: WorkerInfo | None = None
+    """Shared by the whole micro-batch; set once its size is known."""
+
+
+@dataclass(slots=True)
+class Finished:
+    running: Running
+    output: EngineOutput
+    finished_ms: int
+
+
+@dataclass(slots=True)
+class Reply:
+    """One record's final state for the sinks.
+
+    `result` None means nothing new to write: either the request was answered before (a
+    redelivery: `answered` names it, and the writer fills `stored` with that earlier
+    result's JSON when a sink other than the dedupe store needs it again), or the record
+    had no request_id at all (it was only dead-lettered).
+    """
+
+    tp: TopicPartition
+    offset: int
+    record: Any
+    result: ResultEnvelope | None
+    ttl_s: int = 86_400
+    lane: str = "interactive"
+    answered: str | None = None
+    stored: bytes | None = None
+    isolate: bool = False
+
+
+__all__ = ["Finished", "Inbound", "Reply", "Running"]

@@ -1,0 +1,241 @@
+"""The Kafka results sink: every result also goes to a topic (`--results-topic`), for
+stream consumers (Flink, Kafka Connect sinks to object stores, other services).
+
+Record: key = request_id (UTF-8), value = the result envelope JSON (exactly what Redis
+holds), headers `qbatch.status` and `qbatch.job_id` (when the request has a job).
+
+Two modes:
+
+* **at-least-once** (default): results are produced (acks=all, idempotent) and flushed
+  before the writer marks their offsets done. After a crash or a rebalance a result may
+  appear twice on the topic; dedupe by request_id.
+* **transactional** (`--results-transactional`): results are buffered per partition and
+  offset, and each commit publishes the results of exactly the records it commits, in
+  one Kafka transaction with the consumer offsets (KIP-447, the consumer's group
+  metadata). A `read_committed` consumer then sees one result per request record across
+  kill -9, rebalances and broker restarts: a record is either committed with its result
+  or redelivered, and a redelivered record that Redis already answered has its stored
+  result republished. (A request_id published twice as two records yields two, identical,
+  result records.)
+
+Without Redis (`--no-redis-sink`) the topic is the only sink: nothing is deduplicated,
+so a redelivered record runs again (and, with transactions, still appears once).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.errors import (
+    KafkaError,
+    MessageSizeTooLargeError,
+    ProducerFencedError,
+    RecordListTooLargeError,
+)
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from schemas.kafka_compat import repair_idempotent_reset
+from schemas.replies import WriteReply, WriteStatus
+from worker.config import WorkerSettings
+from worker.logs import log
+from worker.records import Reply
+from worker.sinks.base import ReplySink, SinkRefused, SinkUnavailable
+
+STATUS_HEADER = "qbatch.status"
+JOB_HEADER = "qbatch.job_id"
+_REFUSED = (MessageSizeTooLargeError, RecordListTooLargeError)
+
+Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
+
+
+class TransactionFenced(RuntimeError):
+    """Another producer took this transactional.id: this worker must stop."""
+
+
+def _record(reply: Reply) -> Record | None:
+    result = reply.result
+    if result is not None:
+        headers = [(STATUS_HEADER, result.status.value.encode())]
+        if result.job_id:
+            headers.append((JOB_HEADER, result.job_id.encode()))
+        value = result.model_dump_json(exclude_none=True).encode("utf-8")
+        return result.request_id.encode("utf-8"), value, headers
+    if reply.stored is not None and reply.answered is not None:
+        return reply.answered.encode("utf-8"), reply.stored, _stored_headers(reply.stored)
+    return None
+
+
+def _stored_headers(value: bytes) -> list[tuple[str, bytes]]:
+    from schemas import ResultEnvelope
+
+    try:
+        result = ResultEnvelope.model_validate_json(value)
+    except ValueError:
+        return []
+    headers = [(STATUS_HEADER, result.status.value.encode())]
+    if result.job_id:
+        headers.append((JOB_HEADER, result.job_id.encode()))
+    return headers
+
+
+def producer_config(settings: WorkerSettings) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "acks": "all",
+        "enable_idempotence": True,
+        "linger_ms": 5,
+        "batch_size": 512 * 1024,
+        "max_block_ms": 10_000,
+        "max_request_size": settings.results_max_record_bytes,
+        "reconnect_backoff_max_ms": 2_000,
+        "client_id": f"qbatch-results-{settings.worker_id}",
+        **settings.kafka_kwargs(),
+    }
+    if settings.results_transactional:
+        config["transactional_id"] = settings.transactional_id_or_default()
+        config["transaction_timeout_ms"] = settings.transaction_timeout_ms
+    return config
+
+
+class KafkaResultsSink(ReplySink):
+    name = "kafka"
+
+    def __init__(self, settings: WorkerSettings, producer: Any | None = None) -> None:
+        assert settings.results_topic, "KafkaResultsSink needs results_topic"
+        self.topic = settings.results_topic
+        self.transactional = settings.results_transactional
+        self._producer = producer or KafkaProducer(**producer_config(settings))
+        if not self.transactional:
+            repair_idempotent_reset(self._producer)
+        else:
+            self._producer.init_transactions()
+        self._futures: list[Any] = []
+        self._lock = threading.Lock()
+        self._buffer: dict[TopicPartition, dict[int, Record]] = {}
+        self._buffered = 0
+
+    # ------------------------------------------------------------------ writer thread
+
+    def write(
+        self, replies: Sequence[Reply], now_ms: int, *, job_bookkeeping: bool = True
+    ) -> list[WriteReply]:
+        written = WriteReply(WriteStatus.written)
+        if self.transactional:
+            with self._lock:
+                for reply in replies:
+                    rec = _record(reply)
+                    if rec is None:
+                        continue
+                    part = self._buffer.setdefault(reply.tp, {})
+                    if reply.offset not in part:
+                        self._buffered += 1
+                    part[reply.offset] = rec
+            return [written] * len(replies)
+        for reply in replies:
+            rec = _record(reply)
+            if rec is None:
+                continue
+            key, value, headers = rec
+            try:
+                self._futures.append(
+                    self._producer.send(self.topic, key=key, value=value, headers=headers)
+                )
+            except _REFUSED as exc:
+                raise SinkRefused(f"results topic: {exc}") from exc
+            except KafkaError as exc:
+                raise SinkUnavailable(f"results topic: {type(exc).__name__}: {exc}") from exc
+        return [written] * len(replies)
+
+    def flush(self) -> None:
+        if self.transactional:
+            return
+        futures, self._futures = self._futures, []
+        try:
+            self._producer.flush(timeout=30)
+        except KafkaError as exc:
+            raise SinkUnavailable(f"results topic flush: {exc}") from exc
+        for future in futures:
+            if not future.is_done:
+                raise SinkUnavailable("results topic: a send did not complete in 30 s")
+            failure = future.exception
+            if failure is not None:
+                if isinstance(failure, _REFUSED):
+                    raise SinkRefused(f"results topic: {failure}")
+                raise SinkUnavailable(f"results topic: {type(failure).__name__}: {failure}")
+
+    def pending(self) -> int:
+        return self._buffered
+
+    # ------------------------------------------------------------------ main thread (txn)
+
+    def drop(self, partitions: Iterable[TopicPartition]) -> None:
+        """Revoked partitions: their buffered results go with them (the new owner
+        republishes them from Redis, or runs them again without it)."""
+        with self._lock:
+            for tp in partitions:
+                self._buffered -= len(self._buffer.pop(tp, {}))
+
+    def commit_transaction(self, offsets: Mapping[TopicPartition, int], group: Any) -> bool:
+        """Publish the buffered results below `offsets` and commit the offsets, atomically.
+
+        On failure the transaction is aborted and the results go back into the buffer for
+        the next attempt. A fenced producer (another instance took this transactional.id)
+        raises `TransactionFenced`: the worker must stop.
+        """
+        taken: dict[TopicPartition, dict[int, Record]] = {}
+        with self._lock:
+            for tp, upto in offsets.items():
+                part = self._buffer.get(tp)
+                if not part:
+                    continue
+                mine = {off: rec for off, rec in part.items() if off < upto}
+                for off in mine:
+                    del part[off]
+                self._buffered -= len(mine)
+                taken[tp] = mine
+        producer = self._producer
+        try:
+            producer.begin_transaction()
+            for tp in sorted(taken, key=lambda t: (t.topic, t.partition)):
+                for off in sorted(taken[tp]):
+                    key, value, headers = taken[tp][off]
+                    producer.send(self.topic, key=key, value=value, headers=headers)
+            producer.send_offsets_to_transaction(
+                {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}, group
+            )
+            producer.commit_transaction()
+        except ProducerFencedError as exc:
+            raise TransactionFenced(str(exc)) from exc
+        except KafkaError as exc:
+            log.warning("transaction_failed", error=f"{type(exc).__name__}: {exc}")
+            self._abort()
+            with self._lock:
+                for tp, mine in taken.items():
+                    part = self._buffer.setdefault(tp, {})
+                    for off, rec in mine.items():
+                        if off not in part:
+                            self._buffered += 1
+                        part.setdefault(off, rec)
+            return False
+        return True
+
+    def _abort(self) -> None:
+        try:
+            self._producer.abort_transaction()
+        except ProducerFencedError as exc:
+            raise TransactionFenced(str(exc)) from exc
+        except KafkaError as exc:
+            log.warning("transaction_abort_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        try:
+            if not self.transactional:
+                self._producer.flush(timeout=10)
+        except KafkaError as exc:
+            log.warning("results_flush_failed", error=str(exc))
+        self._producer.close(timeout=10)
+
+
+__all__ = ["JOB_HEADER", "STATUS_HEADER", "KafkaResultsSink", "TransactionFenced"]

@@ -1,0 +1,326 @@
+"""The writer thread: finished work -> result envelopes -> every reply sink -> offsets done.
+
+Chunks of up to `write_batch_max` replies go to the sinks in order, the dedupe store
+(Redis) first: its verdict on each reply decides what the others get (a redelivered
+request's stored result, a duplicate id's `failed` answer). Only when every sink holds a
+chunk are its offsets handed back for commit.
+
+What no retry can fix is contained to the replies it concerns: a sink that refuses a
+chunk (`SinkRefused`) has it split in halves until the refused replies stand alone; each
+of those, like a reply the store answers `wrong_type`, gets a `failed` result where one
+can be written and goes to the dead-letter topic. What waiting fixes (`SinkUnavailable`)
+is retried with capped backoff while intake pauses; results stay queued meanwhile.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from kafka.structs import TopicPartition
+
+from schemas import ContractError, ErrorCode, ResultEnvelope, WorkerInfo
+from schemas.ref import RequestRef
+from schemas.replies import WriteReply, WriteStatus
+from worker import failpoints, metrics
+from worker.kafka_io import DeadLetters
+from worker.logs import log
+from worker.records import Finished, Reply
+from worker.results import duplicate_result, finished_result
+from worker.sinks.base import ReplySink, SinkHealth, SinkRefused, SinkUnavailable
+from worker.supervision import Suspect
+
+T = TypeVar("T")
+_QUEUE_POLL_S = 0.05
+
+Done = list[tuple[TopicPartition, int]]
+
+
+class GiveUp(Exception):
+    """Stopping, and the drain deadline passed while a sink was unavailable."""
+
+
+class Writer:
+    def __init__(
+        self,
+        sinks: Sequence[ReplySink],
+        dead_letters: DeadLetters | None,
+        inbox: queue.SimpleQueue[Reply | Finished | None],
+        done: Callable[[Done], None],
+        *,
+        model: Callable[[], str],
+        worker_info: Callable[[], WorkerInfo],
+        chunk_max: int,
+        stopping: Callable[[], bool],
+        drain_timeout_s: float,
+        health: SinkHealth,
+    ) -> None:
+        self.sinks = list(sinks)
+        self.store = next((s for s in self.sinks if s.dedupes), None)
+        self.others = [s for s in self.sinks if not s.dedupes]
+        self.dead_letters = dead_letters
+        self.inbox = inbox
+        self._done = done
+        self._model = model
+        self._worker_info = worker_info
+        self.chunk_max = chunk_max
+        self._stopping = stopping
+        self._drain_timeout_s = drain_timeout_s
+        self.health = health
+        self.current: list[Reply] = []
+        """The chunk being written (what a fault in this thread is blamed on)."""
+        self.closed = False
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        held: Reply | None = None
+        while True:
+            first: Reply | Finished | None = held
+            held = None
+            if first is None:
+                try:
+                    first = self.inbox.get(timeout=_QUEUE_POLL_S)
+                except queue.Empty:
+                    if self.closed:
+                        return
+                    continue
+                if first is None:
+                    self.closed = True
+                    continue
+            chunk = [self._reply(first)]
+            if not chunk[0].isolate:
+                while len(chunk) < self.chunk_max:
+                    try:
+                        more = self.inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        self.closed = True
+                        break
+                    reply = self._reply(more)
+                    if reply.isolate:
+                        held = reply
+                        break
+                    chunk.append(reply)
+            self.current = chunk
+            failpoints.hit("write", [r.result.request_id for r in chunk if r.result])
+            try:
+                self.write(chunk)
+            except GiveUp:
+                log.warning("writer_gave_up", pending=len(chunk))
+            self.current = []
+
+    def suspects(self) -> list[Suspect]:
+        return [(r.tp.topic, r.tp.partition, r.offset) for r in self.current]
+
+    def _reply(self, item: Reply | Finished) -> Reply:
+        if isinstance(item, Reply):
+            return item
+        inbound = item.running.inbound
+        result = finished_result(item, model=self._model(), worker=self._worker_info())
+        output = item.output
+        if output.finish != "error":
+            metrics.PROMPT_TOKENS.inc(output.prompt_tokens)
+            metrics.COMPLETION_TOKENS.inc(output.completion_tokens)
+        return Reply(
+            inbound.tp,
+            inbound.offset,
+            inbound.record,
+            result,
+            inbound.envelope.result_ttl_s,
+            lane=inbound.lane,
+            isolate=inbound.isolate,
+        )
+
+    # ------------------------------------------------------------------ one chunk
+
+    def write(self, chunk: list[Reply]) -> None:
+        """Write a chunk to every sink; hand its offsets back when all hold it."""
+        metrics.PENDING_WRITES.set(len(chunk))
+        now_ms = _epoch_ms()
+        if self.store is not None:
+            verdicts = self._store_write(chunk, now_ms)
+            self._settle(chunk, verdicts, now_ms)
+        for sink in self.others:
+            self._write_other_retrying(sink, chunk, now_ms)
+        metrics.PENDING_WRITES.set(0)
+        self._done([(r.tp, r.offset) for r in chunk])
+
+    def _store_write(self, chunk: list[Reply], now_ms: int) -> list[WriteReply]:
+        """The dedupe store's verdicts; refused replies found by halving the chunk."""
+        store = self.store
+        assert store is not None
+        try:
+            return self._retrying(store, lambda: store.write(chunk, now_ms))
+        except SinkRefused as exc:
+            if len(chunk) == 1:
+                return [WriteReply(WriteStatus.wrong_type, str(exc))]
+            half = len(chunk) // 2
+            return self._store_write(chunk[:half], now_ms) + self._store_write(chunk[half:], now_ms)
+
+    def _settle(self, chunk: list[Reply], verdicts: list[WriteReply], now_ms: int) -> None:
+        """Act on the store's verdicts; fill `stored` for the other sinks."""
+        store = self.store
+        assert store is not None
+        again: list[Reply] = []
+        for reply, verdict in zip(chunk, verdicts, strict=True):
+            result = reply.result
+            if result is None:
+                if reply.answered is not None:
+                    again.append(reply)  # answered before: others get the stored result
+            elif verdict.status is WriteStatus.written:
+                _observe(result, now_ms)
+            elif verdict.status is WriteStatus.existed:
+                metrics.DUPLICATES_SKIPPED.inc()
+                reply.result, reply.answered = None, result.request_id  # first answer stands
+                again.append(reply)
+            elif verdict.status is WriteStatus.other_job and result is not None:
+                reply.result = duplicate_result(result)
+                self._record_duplicate(reply, now_ms)
+            elif verdict.status is WriteStatus.wrong_type:
+                self._refused(reply, verdict.detail, now_ms)
+        if self.others and again:
+            ids = [r.answered for r in again if r.answered]
+            stored = self._retrying(store, lambda: store.stored(ids))
+            for reply in again:
+                reply.stored = stored.get(reply.answered) if reply.answered else None
+
+    def _record_duplicate(self, reply: Reply, now_ms: int) -> None:
+        store = self.store
+        assert store is not None and reply.result is not None
+        metrics.DUPLICATE_IDS.inc()
+        log.warning(
+            "duplicate_request_id",
+            request_id=reply.result.request_id,
+            job_id=reply.result.job_id,
+            partition=reply.tp.partition,
+            offset=reply.offset,
+        )
+        result = reply.result
+        try:
+            verdict = self._retrying(
+                store, lambda: store.record_duplicate(result, reply.ttl_s, now_ms)
+            )
+        except SinkRefused as exc:
+            verdict = WriteReply(WriteStatus.wrong_type, str(exc))
+        if verdict.status is WriteStatus.written:
+            _observe(result, now_ms)
+        elif verdict.status is WriteStatus.wrong_type:
+            self._dead_letter(reply, f"duplicate request_id, and {verdict.detail}")
+
+    def _refused(self, reply: Reply, why: str, now_ms: int) -> None:
+        """A reply the store cannot hold: a failed result if one fits anywhere, and a
+        dead letter either way."""
+        store = self.store
+        assert store is not None
+        metrics.SINK_REFUSED.labels(store.name).inc()
+        result = reply.result
+        rid = result.request_id if result is not None else reply.answered
+        log.error(
+            "result_refused",
+            sink=store.name,
+            request_id=rid,
+            partition=reply.tp.partition,
+            offset=reply.offset,
+            reason=why,
+        )
+        self._dead_letter(reply, f"{store.name} refused the result: {why}")
+        if result is None:
+            return
+        failed = ResultEnvelope.failure(
+            RequestRef(
+                request_id=result.request_id,
+                job_id=result.job_id,
+                custom_id=result.custom_id,
+                metadata=result.metadata,
+            ),
+            ErrorCode.internal_error,
+            f"the result could not be stored ({why}); the record is in the dead-letter topic",
+            timings=result.timings,
+            worker=result.worker,
+        )
+        reply.result = failed
+        try:
+            verdict = self._retrying(
+                store, lambda: store.write([reply], now_ms, job_bookkeeping=False)
+            )[0]
+        except SinkRefused:
+            verdict = WriteReply(WriteStatus.wrong_type)
+        if verdict.status is WriteStatus.written:
+            _observe(failed, now_ms)
+        else:
+            reply.result = None  # nowhere to put it: the dead letter is its only trace
+
+    def _write_other_retrying(self, sink: ReplySink, chunk: list[Reply], now_ms: int) -> None:
+        def attempt() -> None:
+            self._write_other(sink, chunk, now_ms)
+
+        self._retrying(sink, attempt)
+
+    def _write_other(self, sink: ReplySink, chunk: list[Reply], now_ms: int) -> None:
+        try:
+            sink.write(chunk, now_ms)
+            sink.flush()
+        except SinkRefused as exc:
+            if len(chunk) == 1:
+                metrics.SINK_REFUSED.labels(sink.name).inc()
+                self._dead_letter(chunk[0], f"{sink.name} refused the result: {exc}")
+                return
+            half = len(chunk) // 2
+            self._write_other(sink, chunk[:half], now_ms)
+            self._write_other(sink, chunk[half:], now_ms)
+
+    def _dead_letter(self, reply: Reply, why: str) -> None:
+        if self.dead_letters is None or reply.record is None:
+            return
+        rid = reply.result.request_id if reply.result else reply.answered
+        error = ContractError(why, code=ErrorCode.internal_error, request_id=rid)
+        self.dead_letters.send(reply.record, error)
+        metrics.DEAD_LETTERED.labels(error.code.value).inc()
+
+    # ------------------------------------------------------------------ retries
+
+    def _retrying(self, sink: ReplySink, call: Callable[[], T]) -> T:
+        """Retry `call` with capped exponential backoff while `sink` is unavailable.
+
+        Gives up (`GiveUp`) only when the worker is stopping and the drain deadline has
+        passed; the chunk's offsets are then not marked done, so it is redelivered.
+        """
+        delay = 0.05
+        give_up_at: float | None = None
+        while True:
+            try:
+                value = call()
+            except SinkUnavailable as exc:
+                self.health.failed(sink, exc)
+                if self._stopping():
+                    give_up_at = give_up_at or time.monotonic() + self._drain_timeout_s
+                    if time.monotonic() > give_up_at:
+                        raise GiveUp from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            self.health.recovered(sink)
+            return value
+
+
+def _observe(result: ResultEnvelope, now_ms: int) -> None:
+    code = result.error.code.value if result.error else ""
+    metrics.REQUESTS.labels(result.status.value, code).inc()
+    t = result.timings
+    if t.queue_ms is not None:
+        metrics.QUEUE_LATENCY.observe(t.queue_ms / 1000)
+    if t.inference_ms is not None:
+        metrics.INFERENCE_LATENCY.observe(t.inference_ms / 1000)
+    if t.submitted is not None:
+        metrics.E2E_LATENCY.observe(max(0, now_ms - t.submitted) / 1000)
+
+
+def _epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+__all__ = ["Done", "GiveUp", "Writer"]
