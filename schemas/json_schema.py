@@ -29,6 +29,9 @@ from typing import Any
 import regex
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import SchemaError
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 __all__ = ["REGEX_TIMEOUT_S", "RegexTimeout", "check", "validator"]
 
@@ -59,10 +62,53 @@ def _reason(exc: BaseException) -> str:
     return f"not a usable JSON Schema: {type(exc).__name__}: {exc}"
 
 
+class _Refused(ValueError):
+    """A reason of our own, worded for the caller."""
+
+
+def _refs(schema: Any) -> tuple[list[str], bool]:
+    """Every `$ref` in `schema`, and whether any subschema sets its own `$id`."""
+    refs: list[str] = []
+    has_id = False
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                refs.append(ref)
+            has_id = has_id or "$id" in node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return refs, has_id
+
+
+def _check_refs(schema: dict[str, Any]) -> None:
+    """A `$ref` must resolve inside the schema: the worker never fetches another document,
+    and a dangling reference would only fail when the model calls the tool."""
+    refs, has_id = _refs(schema)
+    if not refs or has_id:  # with nested $id the base URI moves; left to validation
+        return
+    base = "urn:qbatch:schema"
+    resolver = Registry().with_resource(base, DRAFT202012.create_resource(schema)).resolver(base)
+    for ref in refs:
+        if not ref.startswith("#"):
+            raise _Refused(f"$ref {ref[:80]!r} points outside the schema (not supported)")
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            raise _Refused(f"$ref {ref[:80]!r} does not resolve inside the schema") from None
+
+
 @functools.lru_cache(maxsize=2048)
 def _check_text(text: str) -> str | None:
     try:
-        Draft202012Validator.check_schema(json.loads(text), format_checker=_FORMATS)
+        schema = json.loads(text)
+        Draft202012Validator.check_schema(schema, format_checker=_FORMATS)
+        _check_refs(schema)
+    except _Refused as exc:
+        return str(exc)
     except Exception as exc:  # any failure of the checker is the schema's fault
         return _reason(exc)
     return None

@@ -49,24 +49,34 @@ _INT_BOUND = 10**limits.MAX_JSON_INT_DIGITS
 
 
 def _finite_json(value: dict[str, Any]) -> dict[str, Any]:
-    """Free-form JSON fields hold only what JSON can say: Python's parser (and pydantic's)
+    """Free-form JSON fields hold only what JSON can say. Python's parser (and pydantic's)
     accept `NaN` and `Infinity`, which no JSON reader need understand and which come back
     as null once the result is written, so a request's metadata would not be echoed as
-    sent; and an integer of thousands of digits that Python's `json` cannot read back.
-    Rejected at the edge, naming where."""
+    sent; an integer of thousands of digits Python's own `json` cannot read back; and a
+    caller in Python can pass sets, bytes or objects. Rejected at the edge, naming where."""
     stack: list[tuple[str, Any]] = [("", value)]
     while stack:
         path, item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            raise ValueError(f"{path or '(value)'}: {item} is not a JSON number")
-        if isinstance(item, int) and not -_INT_BOUND < item < _INT_BOUND:
-            raise ValueError(
-                f"{path or '(value)'}: integer of more than {limits.MAX_JSON_INT_DIGITS} digits"
-            )
-        if isinstance(item, dict):
-            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in item.items())
-        elif isinstance(item, list):
+        where = path or "(value)"
+        if isinstance(item, bool) or item is None or isinstance(item, str):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(f"{where}: {item} is not a JSON number")
+        elif isinstance(item, int):
+            if not -_INT_BOUND < item < _INT_BOUND:
+                raise ValueError(
+                    f"{where}: integer of more than {limits.MAX_JSON_INT_DIGITS} digits"
+                )
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    raise ValueError(f"{where}: object keys must be strings, got {k!r}")
+                stack.append((f"{path}.{k}" if path else k, v))
+        elif isinstance(item, list | tuple):
             stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+        else:
+            raise ValueError(f"{where}: a {type(item).__name__} is not JSON")
     return value
 
 

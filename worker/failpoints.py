@@ -3,8 +3,9 @@
 `QBATCH_FAILPOINTS` (read once, at import) is a comma-separated list of `point` or
 `point=request_id`; a point fires (raises `FailpointError`) when the code reaches it with
 that request_id among the ids it is handling (or with any ids, when none is named).
-Points: `accept` (main loop, one record), `dispatch` (dispatcher, one micro-batch),
-`write` (writer, one chunk). Unset in production: `hit()` is then a dict lookup.
+Points: `accept` (main loop, one record, once decoded), `dispatch` (dispatcher, one
+micro-batch), `write` (writer, one chunk, for requests that succeeded: a fault in how a
+response is written). Unset in production: `hit()` is then a dict lookup.
 """
 
 from __future__ import annotations

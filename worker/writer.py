@@ -106,7 +106,9 @@ class Writer:
                         break
                     chunk.append(reply)
             self.current = chunk
-            failpoints.hit("write", [r.result.request_id for r in chunk if r.result])
+            failpoints.hit(
+                "write", [r.result.request_id for r in chunk if r.result and r.result.ok]
+            )
             try:
                 self.write(chunk)
             except GiveUp:

@@ -249,6 +249,66 @@ def test_decode_mutated_valid_envelopes_long(case: tuple[Any, bytes | None]) -> 
     check_decode(json.dumps(doc).encode("utf-8", "surrogatepass"), key)
 
 
+# ------------------------------------------------------------------ hostile envelopes (issue 22)
+
+KEY_PIECES = [":", "done", "cancel", "result", "job", "vic", "-", ".", "1", "::"]
+colliding_ids = st.lists(st.sampled_from(KEY_PIECES), min_size=1, max_size=5).map("".join)
+PATTERNS = ["a{99999999999}", "(", "(?<", "^(a|aa)+(?=c)", "[", "\\", "a{2,1}", "(?P<x>a)(?P<x>b)"]
+huge_numbers = st.sampled_from(["9" * 5000, "-" + "9" * 4301, "1" * 1001, "1e999", "-1e999"])
+
+
+@st.composite
+def hostile_envelopes(draw: st.DrawFn) -> bytes:
+    env: dict[str, Any] = copy.deepcopy(VALID_CHAT)
+    env["request_id"] = draw(colliding_ids)
+    env["job_id"] = draw(colliding_ids)
+    placeholders: dict[str, str] = {}
+    if draw(st.booleans()):
+        env["metadata"] = {"n": "<huge>"}
+        placeholders["huge"] = draw(huge_numbers)
+    if draw(st.booleans()):
+        depth = draw(st.sampled_from([10, 1_000, 100_000]))
+        env["metadata"] = {"deep": "<deep>"}
+        placeholders["deep"] = "[" * depth + "]" * depth
+    if draw(st.booleans()):
+        params = env["body"]["tools"][0]["function"]["parameters"]
+        where = draw(st.sampled_from(["pattern", "patternProperties"]))
+        pattern = draw(st.sampled_from(PATTERNS))
+        if where == "pattern":
+            params["properties"]["city"]["pattern"] = pattern
+        else:
+            params["patternProperties"] = {pattern: {"type": "string"}}
+    text = json.dumps(env)
+    for name, literal in placeholders.items():
+        text = text.replace(f'"<{name}>"', literal)
+    return text.encode()
+
+
+def check_hostile(raw: bytes) -> None:
+    check_decode(raw, None)
+    try:
+        envelope = decode_request(raw, None)
+    except ContractError:
+        STATS["hostile_rejected"] += 1
+        return
+    STATS["hostile_accepted"] += 1
+    assert envelope.job_id is None or not envelope.job_id.endswith(limits.RESERVED_JOB_SUFFIXES)
+
+
+@FAST
+@given(hostile_envelopes())
+def test_decode_hostile_envelopes(raw: bytes) -> None:
+    check_hostile(raw)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@LONG
+@given(hostile_envelopes())
+def test_decode_hostile_envelopes_long(raw: bytes) -> None:
+    check_hostile(raw)
+
+
 def test_valid_bases_decode() -> None:
     for base in (VALID_CHAT, VALID_COMPLETION):
         decode_request(json.dumps(base).encode(), base["request_id"].encode())

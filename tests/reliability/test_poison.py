@@ -33,6 +33,11 @@ def j(obj: Any) -> bytes:
     return json.dumps(obj).encode()
 
 
+def with_tool_parameters(rid: str, parameters: dict[str, Any]) -> tuple[bytes, bytes]:
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    return rid.encode(), j(chat(rid, "x", body={"tools": [tool]}))
+
+
 # kind -> (make(rid) -> (key, value), expected). expected: (status, code, param) for an
 # answered record, None for a record with no recoverable id (dead letter only),
 # "dup" for a duplicate of a good request (no second result).
@@ -70,28 +75,8 @@ KINDS: dict[str, tuple[Make, Any, bool]] = {
         True,
     ),
     "bad_tool_schema": (
-        lambda r: (
-            r.encode(),
-            j(
-                chat(
-                    r,
-                    "x",
-                    body={
-                        "tools": [
-                            {
-                                "type": "function",
-                                "function": {
-                                    "name": "f",
-                                    "parameters": {
-                                        "type": "object",
-                                        "properties": {"a": {"type": "nonsense"}},
-                                    },
-                                },
-                            }
-                        ]
-                    },
-                )
-            ),
+        lambda r: with_tool_parameters(
+            r, {"type": "object", "properties": {"a": {"type": "nonsense"}}}
         ),
         ("failed", "invalid_request", "body.tools[0].function.parameters"),
         True,
@@ -176,6 +161,46 @@ KINDS: dict[str, tuple[Make, Any, bool]] = {
         ("failed", "invalid_request", "(envelope)"),
         True,
     ),
+    # issue 22: records that used to stop the worker for good (or strand a job)
+    "huge_integer": (
+        lambda r: (r.encode(), j(chat(r, "x")).replace(b'"x"}]', b'"x"}], "seed": ' + b"9" * 5000)),
+        ("failed", "invalid_request", "(envelope)"),
+        True,
+    ),
+    "huge_integer_metadata": (
+        lambda r: (
+            r.encode(),
+            j(chat(r, "x", metadata={"n": 1})).replace(b'"n": 1', b'"n": ' + b"9" * 5000),
+        ),
+        ("failed", "invalid_request", "(envelope)"),
+        True,
+    ),
+    "deep_nesting": (
+        lambda r: (
+            r.encode(),
+            j(chat(r, "x", metadata={"n": 1})).replace(
+                b'"n": 1', b'"n": ' + b"[" * 50_000 + b"]" * 50_000
+            ),
+        ),
+        ("failed", "invalid_request", "(envelope)"),
+        True,
+    ),
+    "overflowing_pattern": (
+        lambda r: with_tool_parameters(
+            r,
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string", "pattern": "a{99999999999}"}},
+            },
+        ),
+        ("failed", "invalid_request", "body.tools[0].function.parameters"),
+        True,
+    ),
+    "reserved_job_suffix": (
+        lambda r: (r.encode(), j(chat(r, "x", job_id="vic:done"))),
+        ("failed", "invalid_request", "job_id"),
+        True,
+    ),
     # no recoverable request_id: dead letter only
     "bad_request_id_no_key": (lambda r: (None, j(chat("bad id! " + r, "x"))), None, True),
     "garbage_no_key": (lambda r: (None, b"\x00\x01\xfe garbage " + r.encode()), None, True),
@@ -186,7 +211,7 @@ KINDS: dict[str, tuple[Make, Any, bool]] = {
         True,
     ),
 }
-CAPPED = {"oversize": 3}  # ~1 MB each: a few are enough
+CAPPED = {"oversize": 3, "deep_nesting": 3}  # large records: a few are enough
 
 
 def run_poison(lane: EnvLane, r: redis.Redis, spawn: Any, n_good: int) -> None:
@@ -242,7 +267,7 @@ def run_poison(lane: EnvLane, r: redis.Redis, spawn: Any, n_good: int) -> None:
         dlq_unique=len(unique_dead),
         dlq_expected=expected_dlq,
     )
-    assert len(per_kind) >= 15
+    assert len(per_kind) >= 20
     for rid in good_ids:
         assert results[rid]["status"] == "succeeded", results.get(rid)
     for rid, kind in answered:

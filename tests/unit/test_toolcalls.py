@@ -231,18 +231,41 @@ def test_tool_call_inside_reasoning_is_not_a_call() -> None:
 
 
 def test_validator_errors_are_reported_not_raised() -> None:
-    weird = Tool.model_validate(
+    """A pattern that backtracks catastrophically on the model's arguments: the check is cut
+    off (schemas.json_schema) and reported, the parser does not hang or raise."""
+    slow = Tool.model_validate(
         {
             "type": "function",
             "function": {
                 "name": "w",
-                "parameters": {"type": "object", "properties": {"s": {"$ref": "#/$defs/missing"}}},
+                "parameters": {
+                    "type": "object",
+                    "properties": {"s": {"type": "string", "pattern": "^(a|aa)+(?=c)"}},
+                },
             },
         }
     )
-    out = parse_output(call("w", {"s": "abc"}), tools=[weird], reasoning_enabled=False)
+    out = parse_output(call("w", {"s": "a" * 60}), tools=[slow], reasoning_enabled=False)
     assert out.tool_calls == [] and len(out.errors) == 1
-    assert out.errors[0].reason.startswith("could not check the tool call")
+    assert out.errors[0].reason.startswith("could not check the tool call: TimeoutError")
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999", "-1e400"])
+def test_arguments_must_be_strict_json(literal: str) -> None:
+    """What Python's json reads but JSON does not have is refused, not written back out."""
+    text = f'<tool_call>{{"name": "get_time", "arguments": {{"x": {literal}}}}}</tool_call>'
+    out = parse_output(text, tools=TOOLS, reasoning_enabled=False)
+    assert out.tool_calls == []
+    assert len(out.errors) == 1 and out.errors[0].reason.startswith("not valid JSON")
+    as_string = json.dumps({"name": "get_time", "arguments": f'{{"x": {literal}}}'})
+    out = parse_output(f"<tool_call>{as_string}</tool_call>", tools=TOOLS, reasoning_enabled=False)
+    assert out.tool_calls == [] and "not JSON" in out.errors[0].reason
+
+
+def test_huge_integer_arguments_are_an_error_not_a_crash() -> None:
+    text = '<tool_call>{"name": "get_time", "arguments": {"x": %s}}</tool_call>' % ("9" * 5000)
+    out = parse_output(text, tools=TOOLS, reasoning_enabled=False)
+    assert out.tool_calls == [] and out.errors[0].reason.startswith("not valid JSON")
 
 
 # ------------------------------------------------------------------ fuzzing

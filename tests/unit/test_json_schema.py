@@ -1,0 +1,76 @@
+"""schemas.json_schema: a stranger's JSON Schema can neither stop nor hang a process."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from schemas import json_schema
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string", "pattern": "a{99999999999}"}},
+            },
+            "regex",
+        ),
+        ({"type": "object", "patternProperties": {"(": {"type": "string"}}}, "regex"),
+        ({"type": "object", "properties": {"a": {"type": 12}}}, "not a valid JSON Schema"),
+        ({"type": "object", "properties": {"a": {"minLength": -1}}}, "not a valid JSON Schema"),
+    ],
+)
+def test_check_refuses_with_a_reason(schema: dict, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        json_schema.check(schema)
+
+
+def test_check_survives_deep_nesting() -> None:
+    schema: dict = {"type": "object"}
+    node = schema
+    for _ in range(5_000):
+        node["properties"] = {"a": {"type": "object"}}
+        node = node["properties"]["a"]
+    with pytest.raises(ValueError):
+        json_schema.check(schema)
+
+
+def test_check_accepts_an_ordinary_schema_and_caches_it() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z]"}}}
+    json_schema.check(schema)
+    before = json_schema._check_text.cache_info().hits
+    json_schema.check(dict(schema))
+    assert json_schema._check_text.cache_info().hits == before + 1
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a|aa)+(?=c)"}}},
+        {"type": "object", "patternProperties": {"^(a|aa)+(?=c)": {"type": "string"}}},
+        {
+            "type": "object",
+            "patternProperties": {"^(a|aa)+(?=c)": {"type": "string"}},
+            "additionalProperties": False,
+        },
+    ],
+)
+def test_a_catastrophic_pattern_is_cut_off_within_its_budget(schema: dict) -> None:
+    # With the stdlib `re` each of these takes exponential time on 60 "a"s.
+    json_schema.check(schema)
+    validator = json_schema.validator(schema)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        list(validator.iter_errors({"a": "a" * 60, "a" * 60: "x"}))
+    assert time.monotonic() - started < 2.0
+
+
+def test_patterns_still_match_normally() -> None:
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}
+    validator = json_schema.validator(schema)
+    assert not list(validator.iter_errors({"code": "OSL"}))
+    assert list(validator.iter_errors({"code": "oslo"}))

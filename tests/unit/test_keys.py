@@ -1,0 +1,79 @@
+"""The Redis key layout is unambiguous: no id the contract allows names a key of another
+kind or of another job (issue: a job called `vic:done` was job `vic`'s stream)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas import ContractError, RedisKeys, decode_request, limits
+from schemas.decode import valid_id
+
+# ids built from the pieces keys are made of, so collisions are likely if they can happen
+PIECES = [":", "done", "cancel", "result", "job", "strikes", "a", "vic", "-", ".", "_", "1"]
+ids = (
+    st.lists(st.sampled_from(PIECES), min_size=1, max_size=6)
+    .map("".join)
+    .filter(lambda s: valid_id(s) is not None)
+)
+prefixes = st.sampled_from(["qbatch", "q", "qbatch.job", "a-b_c.d"])
+
+
+def allowed_job(job_id: str) -> bool:
+    """What the envelope accepts as job_id."""
+    return valid_id(job_id) is not None and not job_id.endswith(limits.RESERVED_JOB_SUFFIXES)
+
+
+def all_keys(
+    keys: RedisKeys, request_ids: list[str], job_ids: list[str]
+) -> list[tuple[str, str, str]]:
+    out = []
+    for rid in request_ids:
+        out += [("result", rid, keys.result(rid)), ("done", rid, keys.done(rid))]
+    for job in job_ids:
+        out += [
+            ("job", job, keys.job(job)),
+            ("job_stream", job, keys.job_stream(job)),
+            ("job_cancel", job, keys.job_cancel(job)),
+            ("strikes", job, keys.strikes(job)),
+        ]
+    return out
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(prefixes, st.lists(ids, max_size=12, unique=True), st.lists(ids, max_size=12, unique=True))
+def test_every_key_function_is_injective_across_kinds(
+    prefix: str, request_ids: list[str], job_ids: list[str]
+) -> None:
+    keys = RedisKeys(prefix)
+    job_ids = [j for j in job_ids if allowed_job(j)]
+    seen: dict[str, tuple[str, str]] = {}
+    for kind, ident, key in all_keys(keys, request_ids, job_ids):
+        assert key.startswith(prefix + ":")
+        other = seen.setdefault(key, (kind, ident))
+        assert other == (kind, ident), f"{key!r} is both {other} and {(kind, ident)}"
+
+
+def test_the_reported_collisions_are_gone() -> None:
+    keys = RedisKeys()
+    # what a job may be called no longer names job vic's stream or cancel flag
+    assert keys.job("vic:done") == keys.job_stream("vic")
+    assert not allowed_job("vic:done") and not allowed_job("vic:cancel")
+    assert allowed_job("vic:done:x") and allowed_job("vic.done") and allowed_job("done")
+
+
+@pytest.mark.parametrize("job_id", ["vic:done", "vic:cancel", "a:b:cancel"])
+def test_a_reserved_job_suffix_is_refused_naming_job_id(job_id: str) -> None:
+    envelope = {
+        "request_id": "r1",
+        "job_id": job_id,
+        "body": {"messages": [{"role": "user", "content": "hi"}]},
+    }
+    raw = json.dumps(envelope).encode()
+    with pytest.raises(ContractError) as info:
+        decode_request(raw, b"r1")
+    assert info.value.param == "job_id"
+    assert ":done" in info.value.message and info.value.request_id == "r1"

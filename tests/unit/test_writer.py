@@ -1,0 +1,181 @@
+"""The writer's rules over sinks, without sockets: a refused result is found by halving
+and answered alone, the dedupe store's verdict decides what other sinks get, and offsets
+come back only when every sink holds the chunk. (The Redis and Kafka sinks themselves are
+tested against the real servers in tests/integration.)"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Sequence
+from typing import Any
+
+from kafka.structs import TopicPartition
+
+from schemas import ErrorCode, ResultEnvelope, Status, WorkerInfo
+from schemas.ref import RequestRef
+from schemas.replies import WriteReply, WriteStatus
+from worker.records import Reply
+from worker.sinks.base import ReplySink, SinkHealth, SinkRefused, SinkUnavailable
+from worker.writer import Writer
+
+TP = TopicPartition("t", 0)
+
+
+class Store(ReplySink):
+    """A dedupe store whose verdicts the test sets per request_id."""
+
+    name = "store"
+    dedupes = True
+
+    def __init__(self) -> None:
+        self.refuse: set[str] = set()
+        self.wrong_type: set[str] = set()
+        self.existing: dict[str, bytes] = {}
+        self.other_job: set[str] = set()
+        self.unavailable_for = 0
+        self.calls: list[list[str]] = []
+        self.written: dict[str, ResultEnvelope] = {}
+        self.without_jobs: list[str] = []
+        self.duplicates: list[ResultEnvelope] = []
+
+    def write(
+        self, replies: Sequence[Reply], now_ms: int, *, job_bookkeeping: bool = True
+    ) -> list[WriteReply]:
+        if self.unavailable_for:
+            self.unavailable_for -= 1
+            raise SinkUnavailable("down")
+        ids = [r.result.request_id for r in replies if r.result]
+        self.calls.append(ids)
+        if job_bookkeeping and self.refuse & set(ids):
+            raise SinkRefused("script error")
+        out = []
+        for r in replies:
+            rid = r.result.request_id if r.result else ""
+            if r.result is None or rid in self.existing:
+                out.append(WriteReply(WriteStatus.existed))
+            elif job_bookkeeping and rid in self.wrong_type:
+                out.append(WriteReply(WriteStatus.wrong_type, "its job key holds a Redis string"))
+            elif rid in self.other_job:
+                out.append(WriteReply(WriteStatus.other_job))
+            else:
+                self.written[rid] = r.result
+                if not job_bookkeeping:
+                    self.without_jobs.append(rid)
+                out.append(WriteReply(WriteStatus.written))
+        return out
+
+    def stored(self, request_ids: Sequence[str]) -> dict[str, bytes]:
+        return {rid: self.existing[rid] for rid in request_ids if rid in self.existing}
+
+    def record_duplicate(self, result: ResultEnvelope, ttl_s: int, now_ms: int) -> WriteReply:
+        self.duplicates.append(result)
+        return WriteReply(WriteStatus.written)
+
+
+class Topic(ReplySink):
+    name = "topic"
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str | None, str | None, bytes | None]] = []
+        self.flushes = 0
+
+    def write(
+        self, replies: Sequence[Reply], now_ms: int, *, job_bookkeeping: bool = True
+    ) -> list[WriteReply]:
+        for r in replies:
+            status = r.result.status.value if r.result else None
+            self.got.append((r.result.request_id if r.result else r.answered, status, r.stored))
+        return [WriteReply(WriteStatus.written)] * len(replies)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+class DeadLetters:
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, str]] = []
+
+    def send(self, record: Any, error: Any) -> None:
+        self.sent.append((record, error.message))
+
+
+def reply(rid: str, offset: int, job: str | None = "j") -> Reply:
+    result = ResultEnvelope.for_request(
+        RequestRef(request_id=rid, job_id=job), Status.succeeded, timings=None
+    )
+    return Reply(TP, offset, f"record-{offset}", result)
+
+
+def make(*sinks: ReplySink) -> tuple[Writer, list[list[tuple[TopicPartition, int]]], DeadLetters]:
+    done: list[list[tuple[TopicPartition, int]]] = []
+    dead = DeadLetters()
+    writer = Writer(
+        list(sinks),
+        dead,  # type: ignore[arg-type]
+        queue.SimpleQueue(),
+        done.append,
+        model=lambda: "m",
+        worker_info=lambda: WorkerInfo(id="w"),
+        chunk_max=64,
+        stopping=lambda: False,
+        drain_timeout_s=1,
+        health=SinkHealth(),
+    )
+    return writer, done, dead
+
+
+def test_a_refused_result_is_found_by_halving_and_answered_alone() -> None:
+    store = Store()
+    store.refuse = {"r5"}
+    writer, done, dead = make(store)
+    writer.write([reply(f"r{i}", i) for i in range(10)])
+    assert set(store.written) == {f"r{i}" for i in range(10)}
+    assert store.written["r5"].status is Status.failed
+    assert store.written["r5"].error is not None
+    assert store.written["r5"].error.code is ErrorCode.internal_error
+    assert store.without_jobs == ["r5"]  # its job's keys are what failed
+    assert dead.sent == [("record-5", "store refused the result: script error")]
+    assert done == [[(TP, i) for i in range(10)]]
+    assert max(len(c) for c in store.calls[1:]) < 10  # the chunk was split
+
+
+def test_a_key_of_the_wrong_type_costs_only_its_result() -> None:
+    store = Store()
+    store.wrong_type = {"r1"}
+    writer, done, dead = make(store)
+    writer.write([reply("r0", 0), reply("r1", 1), reply("r2", 2)])
+    assert store.written["r0"].ok and store.written["r2"].ok
+    assert not store.written["r1"].ok and store.without_jobs == ["r1"]
+    assert [r for r, _ in dead.sent] == ["record-1"]
+    assert done == [[(TP, 0), (TP, 1), (TP, 2)]]
+
+
+def test_the_store_verdict_decides_what_the_topic_gets() -> None:
+    store, topic = Store(), Topic()
+    store.existing = {"old": b'{"stored": true}'}
+    store.other_job = {"dup"}
+    writer, done, _ = make(store, topic)
+    answered = Reply(TP, 3, "record-3", None, answered="known")
+    store.existing["known"] = b'{"known": 1}'
+    writer.write([reply("new", 0), reply("old", 1), reply("dup", 2), answered])
+    assert topic.got == [
+        ("new", "succeeded", None),
+        ("old", None, b'{"stored": true}'),  # the first answer stands, everywhere
+        ("dup", "failed", None),
+        ("known", None, b'{"known": 1}'),
+    ]
+    [dup] = store.duplicates
+    assert dup.error is not None and dup.error.code is ErrorCode.duplicate_request_id
+    assert topic.flushes == 1 and done == [[(TP, 0), (TP, 1), (TP, 2), (TP, 3)]]
+
+
+def test_an_unavailable_sink_is_retried_and_offsets_wait_for_it() -> None:
+    store = Store()
+    store.unavailable_for = 2
+    health_changes: list[bool] = []
+    writer, done, _ = make(store)
+    writer.health = SinkHealth(health_changes.append)
+    writer.write([reply("r0", 0)])
+    assert store.written["r0"].ok
+    assert health_changes == [False, True]
+    assert done == [[(TP, 0)]]
