@@ -254,3 +254,26 @@ def test_bad_job_id_is_a_usage_error(tmp_path: Path) -> None:
 def test_default_job_id_is_stable_and_valid(tmp_path: Path) -> None:
     job = default_job_id(Path("/data/night ly.v2.jsonl"), "ab" * 32)
     assert job == "night_ly.v2-abababababab"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"messages": [{"role": "user", "content": "hi"}], "seed": ' + "9" * 5000 + "}",
+        "[" * 100_000 + "]" * 100_000,
+    ],
+)
+def test_cli_refuses_hostile_bodies_with_usage_exit(body: str) -> None:
+    """A body the worker would refuse is refused here too: exit 2 and a message, no trace."""
+    result = runner.invoke(app, ["submit", "--body", body])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_refuses_a_reserved_job_id(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        '{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}]}}\n'
+    )
+    result = runner.invoke(app, ["bulk", "submit", str(path), "--job", "nightly:done", "--dry-run"])
+    assert result.exit_code == 2 and ":done" in result.output
