@@ -21,10 +21,8 @@ Decisions (see `producer/README.md`):
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -32,23 +30,13 @@ from pydantic import ValidationError
 
 from schemas import (
     BatchInputLine,
-    BatchOutputError,
-    BatchOutputLine,
-    BatchOutputResponse,
     ContractError,
-    ErrorCode,
-    ErrorInfo,
-    JobField,
-    JobStatus,
     RequestEnvelope,
-    ResultEnvelope,
-    Status,
-    Timings,
     valid_id,
     validate_envelope,
 )
 from schemas.limits import MAX_ENVELOPE_BYTES, RESERVED_JOB_SUFFIXES
-from schemas.ref import RequestRef
+from schemas.request import OPTION_NAMES, RequestOptions
 
 MAX_JOB_ID_CHARS = 96
 """Leaves room for `.{line}.r{attempt}` inside the 128-char request id limit."""
@@ -126,24 +114,37 @@ def line_kind(obj: Mapping[str, Any]) -> InputFormat | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
 class Defaults:
-    """Envelope options a bulk run applies to every line that does not set them."""
+    """Envelope options a bulk run applies to every line that does not set them: any of
+    `schemas.RequestOptions` but `job_id` (the job's own) and `custom_id` (per line).
+    Checked once, up front, by the envelope's own rules (a ContractError naming the
+    option), so a bad default is one error, not one per line."""
 
-    priority: int | None = None
-    deadline: datetime | None = None
-    result_ttl_s: int | None = None
-    metadata: dict[str, Any] | None = None
+    ALLOWED = tuple(n for n in OPTION_NAMES if n not in ("job_id", "custom_id"))
+
+    def __init__(self, **options: Any) -> None:
+        wrong = sorted(set(options) - set(self.ALLOWED))
+        if wrong:
+            raise ContractError(
+                f"not a bulk default: {', '.join(wrong)} (defaults: {', '.join(self.ALLOWED)})",
+                param=wrong[0],
+            )
+        given = {k: v for k, v in options.items() if v is not None}
+        try:
+            checked = RequestOptions.model_validate(given)
+        except ValidationError as exc:
+            raise ContractError.from_validation(exc) from None
+        self._values = checked.model_dump(mode="json", include=set(given))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Defaults) and other._values == self._values
+
+    def __repr__(self) -> str:
+        return f"Defaults({self._values!r})"
 
     def apply(self, data: dict[str, Any]) -> None:
-        if self.priority is not None:
-            data.setdefault("priority", self.priority)
-        if self.deadline is not None:
-            data.setdefault("deadline", self.deadline.isoformat())
-        if self.result_ttl_s is not None:
-            data.setdefault("result_ttl_s", self.result_ttl_s)
-        if self.metadata is not None:
-            data.setdefault("metadata", self.metadata)
+        for name, value in self._values.items():
+            data.setdefault(name, value)
 
 
 NO_DEFAULTS = Defaults()
@@ -341,299 +342,3 @@ def detect_format(texts: Iterable[str]) -> InputFormat | None:
         if text:
             return _detect(text)
     return None
-
-
-# ---------------------------------------------------------------- results and output lines
-
-STATUS_CODES: dict[str, int] = {
-    ErrorCode.invalid_request: 400,
-    ErrorCode.unknown_model: 400,
-    ErrorCode.context_length_exceeded: 400,
-    ErrorCode.deadline_exceeded: 408,
-    ErrorCode.cancelled: 499,
-    ErrorCode.engine_error: 500,
-    ErrorCode.internal_error: 500,
-    ErrorCode.duplicate_request_id: 409,
-}
-"""HTTP-like status of an output line by error code; 200 when the request succeeded."""
-
-
-def status_code(result: ResultEnvelope) -> int:
-    if result.status is Status.succeeded:
-        return 200
-    if result.error is not None:
-        return STATUS_CODES.get(result.error.code, 500)
-    return {Status.expired: 408, Status.cancelled: 499}.get(result.status, 500)
-
-
-def _error_of(result: ResultEnvelope) -> ErrorInfo:
-    if result.error is not None:
-        return result.error
-    code = {
-        Status.expired: ErrorCode.deadline_exceeded,
-        Status.cancelled: ErrorCode.cancelled,
-    }.get(result.status, ErrorCode.internal_error)
-    return ErrorInfo(code=code, message=f"request {result.status}")
-
-
-def output_line(result: ResultEnvelope) -> BatchOutputLine:
-    """The OpenAI Batch output line for one result.
-
-    Success: `response{200, request_id, body: the ChatCompletion/Completion}`, `error: null`.
-    Otherwise: `response{status_code, request_id, body: {"error": {...}}}` (the shape the
-    OpenAI API answers errors with) and `error{code, message}`.
-    """
-    rid = result.request_id
-    if result.status is Status.succeeded:
-        body = result.response.model_dump(mode="json") if result.response is not None else None
-        return BatchOutputLine(
-            id=OUTPUT_ID_PREFIX + rid,
-            custom_id=result.custom_id,
-            response=BatchOutputResponse(status_code=200, request_id=rid, body=body),
-            error=None,
-        )
-    err = _error_of(result)
-    body = {
-        "error": {
-            "message": err.message,
-            "type": str(err.code),
-            "param": err.param,
-            "code": str(err.code),
-        }
-    }
-    return BatchOutputLine(
-        id=OUTPUT_ID_PREFIX + rid,
-        custom_id=result.custom_id,
-        response=BatchOutputResponse(status_code=status_code(result), request_id=rid, body=body),
-        error=BatchOutputError(code=str(err.code), message=err.message),
-    )
-
-
-def output_json(result: ResultEnvelope) -> str:
-    """One output JSONL line (no newline)."""
-    return output_line(result).model_dump_json()
-
-
-def local_result(
-    line: Line, job_id: str, status: Status, error: ErrorInfo, now_ms: int
-) -> ResultEnvelope:
-    """A result the producer writes itself, for a line never published.
-
-    Used for lines that fail validation (`failed`, `invalid_request`) and for lines left
-    unpublished when the job is cancelled during submission (`cancelled`).
-    """
-    return ResultEnvelope.for_request(
-        RequestRef(
-            request_id=line.request_id,
-            job_id=job_id,
-            custom_id=line.custom_id,
-            metadata=line.envelope.metadata if line.envelope is not None else None,
-        ),
-        status,
-        error=error,
-        timings=Timings(submitted=now_ms, finished=now_ms),
-    )
-
-
-def invalid_result(line: Line, job_id: str, now_ms: int) -> ResultEnvelope:
-    assert line.error is not None
-    message = f"line {line.line}: {line.error.message}"
-    return local_result(
-        line,
-        job_id,
-        Status.failed,
-        ErrorInfo(code=line.error.code, message=message, param=line.error.param),
-        now_ms,
-    )
-
-
-def cancelled_result(line: Line, job_id: str, now_ms: int) -> ResultEnvelope:
-    return local_result(
-        line,
-        job_id,
-        Status.cancelled,
-        ErrorInfo(code=ErrorCode.cancelled, message="job cancelled before this line was sent"),
-        now_ms,
-    )
-
-
-# ---------------------------------------------------------------- status maths
-
-TERMINAL = frozenset({JobStatus.completed, JobStatus.completed_with_errors, JobStatus.cancelled})
-
-
-def _int(value: object) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, bytes):
-        value = value.decode()
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
-
-
-@dataclass(frozen=True, slots=True)
-class JobView:
-    """A job hash, read at `now_ms`, with the derived figures `bulk status` shows."""
-
-    job_id: str
-    status: str
-    total: int
-    submitted: int
-    succeeded: int
-    failed: int
-    expired: int
-    cancelled: int
-    created_at: int
-    updated_at: int
-    now_ms: int
-
-    @classmethod
-    def from_hash(cls, job_id: str, h: Mapping[Any, Any], now_ms: int) -> JobView:
-        def get(name: str) -> object:
-            if name in h:
-                return h[name]
-            return h.get(name.encode())
-
-        status = get(JobField.status)
-        if isinstance(status, bytes):
-            status = status.decode()
-        return cls(
-            job_id=job_id,
-            status=str(status) if status is not None else "unknown",
-            total=_int(get(JobField.total)),
-            submitted=_int(get(JobField.submitted)),
-            succeeded=_int(get(JobField.succeeded)),
-            failed=_int(get(JobField.failed)),
-            expired=_int(get(JobField.expired)),
-            cancelled=_int(get(JobField.cancelled)),
-            created_at=_int(get(JobField.created_at)),
-            updated_at=_int(get(JobField.updated_at)),
-            now_ms=now_ms,
-        )
-
-    @property
-    def done(self) -> int:
-        return self.succeeded + self.failed + self.expired + self.cancelled
-
-    @property
-    def unsuccessful(self) -> int:
-        return self.failed + self.expired + self.cancelled
-
-    @property
-    def pending(self) -> int:
-        return max(self.total - self.done, 0)
-
-    @property
-    def finished(self) -> bool:
-        """Every line has a result."""
-        return self.total > 0 and self.done >= self.total
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
-
-    @property
-    def all_succeeded(self) -> bool:
-        return self.finished and self.unsuccessful == 0
-
-    @property
-    def progress_pct(self) -> float:
-        """Done / total in percent, floored to 0.1, and never 100 while a result is missing."""
-        if self.total <= 0:
-            return 0.0
-        if self.done >= self.total:
-            return 100.0
-        return min(math.floor(self.done * 1000 / self.total) / 10, 99.9)
-
-    @property
-    def elapsed_s(self) -> float:
-        """From creation to the last result (finished jobs) or to now."""
-        if not self.created_at:
-            return 0.0
-        end = self.updated_at if self.finished and self.updated_at else self.now_ms
-        return max(end - self.created_at, 0) / 1000
-
-    @property
-    def rate(self) -> float | None:
-        """Results per second since the job was created."""
-        if self.elapsed_s <= 0 or self.done == 0:
-            return None
-        return self.done / self.elapsed_s
-
-    @property
-    def eta_s(self) -> float | None:
-        if self.finished:
-            return 0.0
-        rate = self.rate
-        if rate is None or self.status == JobStatus.cancelled:
-            return None
-        return self.pending / rate
-
-    @property
-    def label(self) -> str:
-        """The status, said honestly (a finished job with failures says how many)."""
-        if self.status == JobStatus.completed_with_errors or (
-            self.status == JobStatus.completed and self.unsuccessful
-        ):
-            return (
-                f"completed_with_errors ({self.succeeded} succeeded, {self.failed} failed, "
-                f"{self.expired} expired, {self.cancelled} cancelled)"
-            )
-        if self.status == JobStatus.submitting:
-            return f"submitting ({self.submitted}/{self.total} sent)"
-        return self.status
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "status": self.status,
-            "total": self.total,
-            "submitted": self.submitted,
-            "succeeded": self.succeeded,
-            "failed": self.failed,
-            "expired": self.expired,
-            "cancelled": self.cancelled,
-            "done": self.done,
-            "pending": self.pending,
-            "progress_pct": self.progress_pct,
-            "created_at": self.created_at or None,
-            "updated_at": self.updated_at or None,
-            "elapsed_s": round(self.elapsed_s, 3),
-            "rate_per_s": round(self.rate, 3) if self.rate is not None else None,
-            "eta_s": round(self.eta_s, 1) if self.eta_s is not None else None,
-            "all_succeeded": self.all_succeeded,
-        }
-
-
-@dataclass(slots=True)
-class Collected:
-    """Which result each line of a job has, newest attempt winning (pure bookkeeping)."""
-
-    job_id: str
-    attempts: dict[int, int] = field(default_factory=dict)
-    """line -> attempt of the result kept for it."""
-    statuses: dict[int, str] = field(default_factory=dict)
-
-    def offer(self, request_id: str, status: str) -> tuple[int, int] | None:
-        """Record a finished request; (line, attempt) if it is news for its line, else None."""
-        parsed = parse_request_id(self.job_id, request_id)
-        if parsed is None:
-            return None
-        line, attempt = parsed
-        have = self.attempts.get(line)
-        if have is not None and have >= attempt:
-            return None
-        self.attempts[line] = attempt
-        self.statuses[line] = status
-        return parsed
-
-    def __len__(self) -> int:
-        return len(self.attempts)
-
-    def counts(self) -> dict[str, int]:
-        out = {str(s): 0 for s in Status}
-        for status in self.statuses.values():
-            out[status] = out.get(status, 0) + 1
-        return out

@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
@@ -43,6 +42,7 @@ from schemas import (
     validate_envelope,
 )
 from schemas.kafka_compat import repair_idempotent_reset
+from schemas.request import OPTION_NAMES
 
 DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
@@ -90,62 +90,57 @@ def build_envelope(
     *,
     request_id: str | None = None,
     endpoint: str | None = None,
-    job_id: str | None = None,
-    custom_id: str | None = None,
-    priority: int | None = None,
-    deadline: datetime | str | None = None,
-    result_ttl_s: int | None = None,
-    metadata: Mapping[str, Any] | None = None,
     submitted_at: datetime | None = None,
+    **options: Any,
 ) -> RequestEnvelope:
-    """A validated envelope (ContractError naming the field if not valid)."""
-    data: dict[str, Any] = {
-        "request_id": request_id if request_id is not None else new_request_id(),
-        "endpoint": endpoint or endpoint_for(body),
-        "body": dict(body),
-        "submitted_at": (submitted_at or now_utc()).isoformat(),
-    }
-    if job_id is not None:
-        data["job_id"] = job_id
-    if custom_id is not None:
-        data["custom_id"] = custom_id
-    if priority is not None:
-        data["priority"] = priority
-    if deadline is not None:
-        data["deadline"] = deadline.isoformat() if isinstance(deadline, datetime) else deadline
-    if result_ttl_s is not None:
-        data["result_ttl_s"] = result_ttl_s
-    if metadata is not None:
-        data["metadata"] = dict(metadata)
-    return validate_envelope(data)
+    """A validated envelope (ContractError naming the field if not valid).
+
+    `options` are `schemas.RequestOptions` fields (job_id, custom_id, priority, deadline,
+    result_ttl_s, metadata); None means "not set". An unknown name is a ContractError.
+    """
+    return Request(body=body, request_id=request_id, endpoint=endpoint, **options).envelope(
+        submitted_at
+    )
 
 
-@dataclass(slots=True)
 class Request:
-    """One request for `submit_many` (the same options as `submit`)."""
+    """One request for `submit_many`: a body, optionally its id and endpoint, and any
+    `schemas.RequestOptions` (the same names `submit` takes; None means "not set")."""
 
-    body: Mapping[str, Any]
-    request_id: str | None = None
-    endpoint: str | None = None
-    job_id: str | None = None
-    custom_id: str | None = None
-    priority: int | None = None
-    deadline: datetime | str | None = None
-    result_ttl_s: int | None = None
-    metadata: Mapping[str, Any] | None = field(default=None)
+    __slots__ = ("body", "endpoint", "options", "request_id")
 
-    def envelope(self) -> RequestEnvelope:
-        return build_envelope(
-            self.body,
-            request_id=self.request_id,
-            endpoint=self.endpoint,
-            job_id=self.job_id,
-            custom_id=self.custom_id,
-            priority=self.priority,
-            deadline=self.deadline,
-            result_ttl_s=self.result_ttl_s,
-            metadata=self.metadata,
-        )
+    def __init__(
+        self,
+        body: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        endpoint: str | None = None,
+        **options: Any,
+    ) -> None:
+        unknown = sorted(set(options) - set(OPTION_NAMES))
+        if unknown:
+            raise ContractError(
+                f"unknown request option(s) {', '.join(unknown)}; known: {', '.join(OPTION_NAMES)}",
+                param=unknown[0],
+            )
+        self.body = body
+        self.request_id = request_id
+        self.endpoint = endpoint
+        self.options = {k: v for k, v in options.items() if v is not None}
+
+    def __repr__(self) -> str:
+        return f"Request(request_id={self.request_id!r}, options={self.options!r})"
+
+    def envelope(self, submitted_at: datetime | None = None) -> RequestEnvelope:
+        data: dict[str, Any] = {
+            "request_id": self.request_id if self.request_id is not None else new_request_id(),
+            "endpoint": self.endpoint or endpoint_for(self.body),
+            "body": dict(self.body),
+            "submitted_at": (submitted_at or now_utc()).isoformat(),
+        }
+        for name, value in self.options.items():
+            data[name] = value.isoformat() if isinstance(value, datetime) else value
+        return validate_envelope(data)
 
 
 def parse_result(raw: bytes | str | None) -> ResultEnvelope | None:
@@ -246,30 +241,16 @@ class QBatchClient:
         *,
         request_id: str | None = None,
         endpoint: str | None = None,
-        job_id: str | None = None,
-        custom_id: str | None = None,
-        priority: int | None = None,
-        deadline: datetime | str | None = None,
-        result_ttl_s: int | None = None,
-        metadata: Mapping[str, Any] | None = None,
         flush: bool = True,
+        **options: Any,
     ) -> str:
         """Validate and publish one request; returns its request_id.
 
-        With `flush=True` (default) this returns once Kafka has acknowledged the record
-        (acks=all) and raises `PublishError` otherwise.
+        `options`: any of `schemas.RequestOptions` (job_id, custom_id, priority, deadline,
+        result_ttl_s, metadata). With `flush=True` (default) this returns once Kafka has
+        acknowledged the record (acks=all) and raises `PublishError` otherwise.
         """
-        envelope = build_envelope(
-            body,
-            request_id=request_id,
-            endpoint=endpoint,
-            job_id=job_id,
-            custom_id=custom_id,
-            priority=priority,
-            deadline=deadline,
-            result_ttl_s=result_ttl_s,
-            metadata=metadata,
-        )
+        envelope = build_envelope(body, request_id=request_id, endpoint=endpoint, **options)
         future = self.send(envelope)
         if flush:
             self.flush([(envelope.request_id, future)])
@@ -295,7 +276,7 @@ class QBatchClient:
         """
         envelopes: list[RequestEnvelope] = []
         for index, item in enumerate(requests):
-            req = item if isinstance(item, Request) else Request(body=item)
+            req = item if isinstance(item, Request) else Request(item)
             try:
                 envelopes.append(req.envelope())
             except ContractError as exc:

@@ -1,4 +1,5 @@
-"""Bulk jobs, I/O parts: job bookkeeping in Redis, submit / collect / cancel / retry.
+"""Bulk jobs, I/O parts: job bookkeeping in Redis, and submission (collect and retry are in
+`producer.collect`).
 
 Job hash `{prefix}:job:{job}` fields written here (the worker owns the counters):
 
@@ -18,31 +19,18 @@ submission, the unsent lines (`cancelled`).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import os
-import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producer.bulk import (
-    Defaults,
-    JobView,
-    Line,
-    Scan,
-    cancelled_result,
-    invalid_result,
-    output_json,
-    parse_request_id,
-    scan_lines,
-)
+from producer.batch_output import cancelled_result, invalid_result
+from producer.bulk import Defaults, Line, Scan, scan_lines
 from producer.client import QBatchClient, now_utc
-from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope, Status
-from schemas.keys import StreamField
+from producer.job_view import JobView
+from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope
 from schemas.limits import DEFAULT_RESULT_TTL_S
 from schemas.replies import ResultWriter
 from schemas.scripts import lua
@@ -222,9 +210,7 @@ class SubmitReport:
         }
 
 
-def _publish_chunk(
-    client: QBatchClient, store: JobStore, job_id: str, lines: Sequence[Line]
-) -> int:
+def publish_chunk(client: QBatchClient, store: JobStore, job_id: str, lines: Sequence[Line]) -> int:
     """Publish the chunk's valid lines, wait for every ack, write its invalid lines' results."""
     stamp = now_utc()
     futures = []
@@ -282,7 +268,7 @@ def submit_job(
         if store.cancel_requested(job_id):
             break
         end = min(position + chunk, total)
-        report.published += _publish_chunk(client, store, job_id, scan.lines[position:end])
+        report.published += publish_chunk(client, store, job_id, scan.lines[position:end])
         store.set_submitted(job_id, end)
         position = end
         if on_progress:
@@ -309,334 +295,14 @@ def submit_job(
     return report
 
 
-# ---------------------------------------------------------------- collect
-
-
-@dataclass(slots=True)
-class CollectReport:
-    job_id: str
-    total: int
-    written: int = 0
-    counts: dict[str, int] = field(default_factory=dict)
-    complete: bool = False
-    interrupted: bool = False
-    missing_results: int = 0
-    """Stream entries whose result key had expired and were not in an earlier output."""
-    status: str = ""
-    seconds: float = 0.0
-    out: str = ""
-    errors: str | None = None
-
-    @property
-    def all_succeeded(self) -> bool:
-        return self.complete and self.counts.get(Status.succeeded, 0) == self.total
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "total": self.total,
-            "written": self.written,
-            "counts": self.counts,
-            "complete": self.complete,
-            "interrupted": self.interrupted,
-            "missing_results": self.missing_results,
-            "all_succeeded": self.all_succeeded,
-            "status": self.status,
-            "seconds": round(self.seconds, 3),
-            "results_per_s": round(self.written / self.seconds, 1) if self.seconds else None,
-            "out": self.out,
-            "errors": self.errors,
-        }
-
-
-@dataclass(slots=True)
-class _Kept:
-    attempt: int
-    status: str
-    offset: int
-    length: int
-
-
-def _existing_lines(job_id: str, paths: Iterable[Path]) -> dict[int, tuple[int, str, str]]:
-    """line -> (attempt, status, json) from earlier output files of this job."""
-    found: dict[int, tuple[int, str, str]] = {}
-    for path in paths:
-        if not path.exists():
-            continue
-        with path.open("r", encoding="utf-8") as fh:
-            for text in fh:
-                text = text.strip()
-                try:
-                    obj = json.loads(text)
-                    rid = obj["response"]["request_id"]
-                except (ValueError, KeyError, TypeError):
-                    continue
-                parsed = parse_request_id(job_id, rid) if isinstance(rid, str) else None
-                if parsed is None:
-                    continue
-                code = obj["response"].get("status_code")
-                status = "succeeded" if code == 200 else _status_of_code(obj)
-                have = found.get(parsed[0])
-                if have is None or have[0] < parsed[1]:
-                    found[parsed[0]] = (parsed[1], status, text)
-    return found
-
-
-def _status_of_code(obj: dict[str, Any]) -> str:
-    code = (obj.get("error") or {}).get("code")
-    return {"deadline_exceeded": "expired", "cancelled": "cancelled"}.get(str(code), "failed")
-
-
-def collect_job(
-    store: JobStore,
-    job_id: str,
-    out: Path,
-    *,
-    errors: Path | None = None,
-    timeout: float | None = None,
-    on_progress: Progress | None = None,
-    block_ms: int = 1_000,
-) -> CollectReport:
-    """Read the job's stream from the start and write one output line per finished line.
-
-    The output is written at the end (also on timeout or Ctrl-C: every finished line),
-    in input-line order, atomically (temp file + rename). Results are spooled to a temp
-    file as they arrive so memory stays bounded by the number of lines, not their size.
-    A re-run reads the stream again from the start; results whose Redis key has expired
-    are taken from the earlier output files when they have them.
-    """
-    started = time.monotonic()
-    view = store.view(job_id)
-    if view is None:
-        raise JobError(f"no job {job_id!r} (wrong --prefix, or expired)")
-    total = view.total
-    report = CollectReport(job_id, total, out=str(out), errors=str(errors) if errors else None)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    kept: dict[int, _Kept] = {}
-    earlier: dict[int, tuple[int, str, str]] | None = None
-    last = "-"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    spool = tempfile.TemporaryFile(mode="w+b", dir=out.parent)  # noqa: SIM115
-    try:
-        if on_progress:
-            on_progress(0, total)
-        while True:
-            try:
-                view = store.view(job_id) or view
-                while True:
-                    entries = store.stream(job_id, last)
-                    if not entries:
-                        break
-                    last = entries[-1][0]
-                    fresh: dict[int, tuple[int, str, str | None]] = {}
-                    for _eid, fields in entries:
-                        rid = fields.get(StreamField.request_id, "")
-                        parsed = parse_request_id(job_id, rid)
-                        if parsed is None:
-                            continue
-                        line, attempt = parsed
-                        have = kept.get(line)
-                        prev = fresh.get(line)
-                        if (have is None or have.attempt < attempt) and (
-                            prev is None or prev[0] < attempt
-                        ):
-                            # An inline result: the request_id held another job's result.
-                            fresh[line] = (attempt, rid, fields.get(StreamField.result))
-                    items = sorted(fresh.items())
-                    raws = store.results([rid for _line, (_a, rid, inline) in items if not inline])
-                    found = iter(raws)
-                    for line, (attempt, _rid, inline) in items:
-                        raw = inline.encode() if inline else next(found)
-                        if raw is not None:
-                            result = ResultEnvelope.model_validate_json(raw)
-                            text, status = output_json(result), result.status.value
-                        else:
-                            if earlier is None:
-                                earlier = _existing_lines(
-                                    job_id, [p for p in (out, errors) if p is not None]
-                                )
-                            old = earlier.get(line)
-                            if old is None or old[0] != attempt:
-                                report.missing_results += 1
-                                continue
-                            text, status = old[2], old[1]
-                        data = (text + "\n").encode("utf-8")
-                        spool.seek(0, os.SEEK_END)
-                        offset = spool.tell()
-                        spool.write(data)
-                        kept[line] = _Kept(attempt, status, offset, len(data))
-                    if on_progress:
-                        on_progress(min(len(kept), total), total)
-                if view.finished and len(kept) + report.missing_results >= total:
-                    report.complete = report.missing_results == 0
-                    break
-                if deadline is not None and time.monotonic() >= deadline:
-                    break
-                wait = block_ms
-                if deadline is not None:
-                    wait = min(wait, int((deadline - time.monotonic()) * 1000))
-                if wait > 0:
-                    store.wait_stream(job_id, last, wait)
-            except KeyboardInterrupt:
-                report.interrupted = True
-                break
-        report.status = view.status
-        report.written = _write_outputs(spool, kept, out, errors)
-        counts = {str(s): 0 for s in Status}
-        for item in kept.values():
-            counts[item.status] = counts.get(item.status, 0) + 1
-        report.counts = counts
-    finally:
-        spool.close()
-    report.seconds = time.monotonic() - started
-    return report
-
-
-def _write_outputs(spool: Any, kept: dict[int, _Kept], out: Path, errors: Path | None) -> int:
-    """Write kept lines in line order to out (and errors), each atomically."""
-    targets = [out] if errors is None else [out, errors]
-    tmps = {}
-    try:
-        for path in targets:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            tmps[path] = (os.fdopen(fd, "wb"), tmp)
-        for line in sorted(kept):
-            item = kept[line]
-            spool.seek(item.offset)
-            data = spool.read(item.length)
-            target = out if errors is None or item.status == Status.succeeded else errors
-            tmps[target][0].write(data)
-        for path, (fh, tmp) in tmps.items():
-            fh.flush()
-            os.fsync(fh.fileno())
-            fh.close()
-            os.replace(tmp, path)
-    except BaseException:
-        for fh, tmp in tmps.values():
-            fh.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        raise
-    return len(kept)
-
-
-# ---------------------------------------------------------------- retry
-
-
-@dataclass(slots=True)
-class RetryReport:
-    job_id: str
-    attempt: int
-    retried: int = 0
-    skipped_invalid: int = 0
-    resumed: bool = False
-    status: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "attempt": self.attempt,
-            "retried": self.retried,
-            "skipped_invalid": self.skipped_invalid,
-            "resumed": self.resumed,
-            "status": self.status,
-        }
-
-
-def latest_statuses(store: JobStore, job_id: str) -> dict[int, tuple[int, str]]:
-    """line -> (attempt, status) of the newest finished attempt, from the job stream."""
-    latest: dict[int, tuple[int, str]] = {}
-    last = "-"
-    while True:
-        entries = store.stream(job_id, last, count=10_000)
-        if not entries:
-            return latest
-        last = entries[-1][0]
-        for _eid, fields in entries:
-            parsed = parse_request_id(job_id, fields.get("request_id", ""))
-            if parsed is None:
-                continue
-            line, attempt = parsed
-            have = latest.get(line)
-            if have is None or have[0] < attempt:
-                latest[line] = (attempt, fields.get("status", ""))
-
-
-def retry_job(
-    client: QBatchClient,
-    store: JobStore,
-    job_id: str,
-    path: Path,
-    *,
-    defaults: Defaults | None = None,
-    chunk: int = DEFAULT_CHUNK,
-    on_progress: Progress | None = None,
-) -> RetryReport:
-    """Resubmit the lines whose newest attempt failed or expired, as attempt k+1.
-
-    The job must be `completed_with_errors` (or be resuming this very retry). Lines
-    that are invalid in the input file are not retried (they would fail the same way).
-    Counters: the retried lines' failed/expired counts are taken back when the retry
-    starts, so the job completes again when every retried line has its new result.
-    """
-    view = store.view(job_id)
-    if view is None:
-        raise JobError(f"no job {job_id!r}")
-    sha = store.field(job_id, INPUT_SHA_FIELD)
-    if sha and sha != file_sha256(path):
-        raise JobError(f"{path} is not the file job {job_id!r} was submitted from (sha256 differs)")
-    current = int(store.field(job_id, ATTEMPT_FIELD) or 0)
-    resuming = view.status == JobStatus.submitting and current > 0
-    attempt = current if resuming else current + 1
-    scan = scan_file(path, job_id, attempt=attempt, defaults=defaults)
-    by_line = {line.line: line for line in scan.lines}
-    latest = latest_statuses(store, job_id)
-    retry: list[Line] = []
-    skipped = 0
-    n_failed = n_expired = 0
-    for number, (got, status) in sorted(latest.items()):
-        if got >= attempt or status not in (Status.failed, Status.expired):
-            continue
-        line = by_line.get(number)
-        if line is None or not line.ok:
-            skipped += 1
-            continue
-        retry.append(line)
-        n_failed += status == Status.failed
-        n_expired += status == Status.expired
-    report = RetryReport(job_id, attempt, skipped_invalid=skipped)
-    if not retry and not resuming:
-        report.status = view.status
-        return report
-    kind, retry_line = store.begin_retry(job_id, attempt, n_failed, n_expired)
-    if kind == "busy":
-        raise JobError(f"job {job_id!r} is {retry_line!r}; retry needs a finished job with errors")
-    report.resumed = kind == "resume"
-    done_line = int(retry_line or 0)
-    todo = [line for line in retry if line.line > done_line]
-    if on_progress:
-        on_progress(0, len(todo))
-    for start in range(0, len(todo), chunk):
-        part = todo[start : start + chunk]
-        report.retried += _publish_chunk(client, store, job_id, part)
-        store.set_retry_line(job_id, part[-1].line)
-        if on_progress:
-            on_progress(start + len(part), len(todo))
-    report.status = store.mark_submitted(job_id, view.total)
-    return report
-
-
 __all__ = [
     "DEFAULT_CHUNK",
     "DEFAULT_JOB_TTL_S",
-    "CollectReport",
     "JobError",
     "JobStore",
-    "RetryReport",
     "SubmitReport",
-    "collect_job",
     "file_sha256",
-    "retry_job",
+    "publish_chunk",
     "scan_file",
     "submit_job",
 ]

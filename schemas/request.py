@@ -352,24 +352,32 @@ Body = Annotated[
 # ---------------------------------------------------------------- envelope
 
 
-class RequestEnvelope(StrictModel):
-    """One request on the requests topic (the record key is `request_id`)."""
+class RequestOptions(StrictModel):
+    """The per-request options of an envelope, defined once.
 
-    v: Literal[1] = 1
-    request_id: RequestId
-    endpoint: Endpoint = CHAT_ENDPOINT
-    body: Body
-    job_id: JobId | None = None
+    `RequestEnvelope` inherits them; the client (`submit(**options)`, `Request`), the
+    bulk defaults and the CLI flags are all built from these fields and their
+    descriptions, so an option cannot mean one thing in one place and another elsewhere.
+    """
+
+    job_id: JobId | None = Field(
+        None, description="Bulk-job membership: the result moves the job's counters."
+    )
     custom_id: Annotated[str, Field(min_length=1, max_length=limits.MAX_CUSTOM_ID_CHARS)] | None = (
-        None
+        Field(None, description="The caller's own id, echoed in the result (OpenAI Batch's).")
     )
-    priority: Annotated[int, Field(gt=-limits.PRIORITY_BOUND, lt=limits.PRIORITY_BOUND)] = 0
-    deadline: AwareDatetime | None = None
-    result_ttl_s: Annotated[int, Field(ge=1, le=limits.MAX_RESULT_TTL_S)] = (
-        limits.DEFAULT_RESULT_TTL_S
+    priority: Annotated[int, Field(gt=-limits.PRIORITY_BOUND, lt=limits.PRIORITY_BOUND)] = Field(
+        0, description="Lower runs earlier (vLLM's convention); default 0."
     )
-    metadata: JsonObject | None = None
-    submitted_at: AwareDatetime | None = None
+    deadline: AwareDatetime | None = Field(
+        None, description="RFC 3339 time with an offset; not started by then: expired."
+    )
+    result_ttl_s: Annotated[int, Field(ge=1, le=limits.MAX_RESULT_TTL_S)] = Field(
+        limits.DEFAULT_RESULT_TTL_S, description="Seconds the result is kept; default 86400."
+    )
+    metadata: JsonObject | None = Field(
+        None, description="A small JSON object (<= 16 KiB) echoed in the result."
+    )
 
     @field_validator("metadata")
     @classmethod
@@ -377,6 +385,19 @@ class RequestEnvelope(StrictModel):
         if value is not None and len(to_json(value)) > limits.MAX_METADATA_BYTES:
             raise ValueError(f"metadata over {limits.MAX_METADATA_BYTES} bytes of JSON")
         return value
+
+
+OPTION_NAMES = tuple(RequestOptions.model_fields)
+
+
+class RequestEnvelope(RequestOptions):
+    """One request on the requests topic (the record key is `request_id`)."""
+
+    v: Literal[1] = 1
+    request_id: RequestId
+    endpoint: Endpoint = CHAT_ENDPOINT
+    body: Body
+    submitted_at: AwareDatetime | None = None
 
     @model_validator(mode="after")
     def _body_matches_endpoint(self) -> RequestEnvelope:

@@ -168,6 +168,13 @@ class RequestConsumer:
             # again (tests/reliability, kafka outage). 2 s caps that wait.
             reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
             client_id=f"qbatch-{settings.worker_id}",
+            # With transactional results, offsets are committed inside transactions: a
+            # read_committed consumer fetches committed offsets with require_stable
+            # (KIP-447), so a new owner waits for a pending transaction instead of
+            # reading the offsets before it and running its records again.
+            isolation_level=(
+                "read_committed" if settings.results_transactional else "read_uncommitted"
+            ),
             **settings.kafka_kwargs(),
         )
         self._watch_fetches(consumer)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Local single-node Kafka (KRaft, from Maven Central jars) + Redis for qbatch.
 #
-#   deploy/local/stack.sh up [--quiet]   start (idempotent), wait healthy, create topics,
+#   deploy/local/stack.sh up [--quiet]   start (idempotent), wait healthy, create topics
+#                                        (requests, DLQ, and qbatch.results for workers that
+#                                        opt in with --results-topic),
 #                                        print `export QBATCH_...=...` lines on stdout
 #   deploy/local/stack.sh status         pids/ports/health; exit 0 if both up, 3 otherwise
 #   deploy/local/stack.sh down [--wipe]  stop what `up` started (pid files); --wipe drops data
@@ -33,6 +35,8 @@ TOPIC="${QBATCH_TOPIC:-qbatch.requests}"
 PARTITIONS="${QBATCH_PARTITIONS:-8}"
 DLQ_TOPIC="${QBATCH_DLQ_TOPIC:-qbatch.requests.dlq}"
 DLQ_PARTITIONS="${QBATCH_DLQ_PARTITIONS:-1}"
+RESULTS_TOPIC="${QBATCH_RESULTS_TOPIC:-qbatch.results}" # created, not exported: opt in per worker
+RESULTS_PARTITIONS="${QBATCH_RESULTS_PARTITIONS:-$PARTITIONS}"
 KAFKA_START_TIMEOUT="${QBATCH_KAFKA_START_TIMEOUT:-90}"
 REDIS_START_TIMEOUT="${QBATCH_REDIS_START_TIMEOUT:-20}"
 KAFKA_HEAP_OPTS="${QBATCH_KAFKA_HEAP_OPTS:--Xms256m -Xmx1g}"
@@ -364,11 +368,12 @@ ensure_topics() {
   local py
   if py="$(pick_python)"; then
     kafka_ctl "$py" topics --bootstrap "$BOOTSTRAP" --timeout 30 \
-      "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" 2>&1 | sed 's/^/stack: /' >&2
+      "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" "$RESULTS_TOPIC:$RESULTS_PARTITIONS" \
+      2>&1 | sed 's/^/stack: /' >&2
     return "${PIPESTATUS[0]}"
   fi
   local t p
-  for t in "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS"; do
+  for t in "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" "$RESULTS_TOPIC:$RESULTS_PARTITIONS"; do
     p="${t##*:}"
     t="${t%:*}"
     java_cp org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --create \
@@ -494,11 +499,26 @@ usage() {
   exit 2
 }
 
+# flags each command takes; anything else is refused (a mistyped or unsupported flag
+# such as `up --brokers 3` must not silently start the default stack)
+allowed_flags() {
+  case "$1" in
+    up) echo "--quiet -q --sasl" ;;
+    down) echo "--quiet -q --wipe" ;;
+    *) echo "--quiet -q" ;;
+  esac
+}
+
 main() {
   local cmd="${1:-}"
   shift || true
-  local args=()
+  local args=() allowed
+  allowed=" $(allowed_flags "$cmd") "
   for a in "$@"; do
+    if [[ "$allowed" != *" $a "* ]]; then
+      echo "stack: ERROR: '$cmd' does not take '$a' (it takes:$(allowed_flags "$cmd" | sed 's/^/ /'))" >&2
+      exit 2
+    fi
     case "$a" in
       --quiet | -q) QUIET=1 ;;
       --sasl) SASL=1 ;;

@@ -13,7 +13,8 @@ from typing import Any
 
 import redis
 
-from producer.jobs import JobStore, collect_job
+from producer.collect import collect_job
+from producer.jobs import JobStore
 from schemas import RedisKeys
 from tests.reliability.conftest import (
     EnvLane,

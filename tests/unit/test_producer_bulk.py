@@ -8,27 +8,27 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producer.bulk import (
+from producer.batch_output import (
     STATUS_CODES,
-    Collected,
-    Defaults,
-    InputFormat,
-    JobView,
     cancelled_result,
-    check_job_id,
-    detect_format,
     invalid_result,
     output_json,
     output_line,
+)
+from producer.bulk import (
+    Defaults,
+    InputFormat,
+    check_job_id,
+    detect_format,
     parse_request_id,
     request_id_for,
     scan_lines,
 )
+from producer.job_view import JobView
 from schemas import (
     BatchOutputLine,
     ContractError,
     ErrorCode,
-    ErrorInfo,
     ResultEnvelope,
     Status,
     valid_id,
@@ -264,15 +264,3 @@ def test_all_failed_is_not_reported_as_plain_completed() -> None:
     v = view(failed=100, status="completed_with_errors")
     assert not v.all_succeeded
     assert v.label.startswith("completed_with_errors (0 succeeded, 100 failed")
-
-
-def test_collected_keeps_newest_attempt() -> None:
-    c = Collected("j")
-    assert c.offer("j.1", "failed") == (1, 0)
-    assert c.offer("j.1", "failed") is None
-    assert c.offer("j.1.r1", "succeeded") == (1, 1)
-    assert c.offer("j.1", "failed") is None
-    assert c.offer("other.1", "succeeded") is None
-    assert len(c) == 1 and c.counts()["succeeded"] == 1
-    info = ErrorInfo(code=ErrorCode.cancelled, message="x")
-    assert info.code == "cancelled"

@@ -1,0 +1,210 @@
+"""What every `qbatch` command shares: exit codes, consoles, global options, the guard
+that turns expected failures into exit codes, progress bars, and the request-option
+flags.
+
+The request-option flags (`--priority`, `--deadline`, `--result-ttl`, `--metadata`,
+`--job-id`, `--custom-id`) are declared here once, with the help text of the
+`schemas.RequestOptions` field each sets, and parsed by `request_options()`: `submit`,
+`bulk submit` and `bulk run` all take them from here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any
+
+import redis
+import typer
+from kafka.errors import KafkaError
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from producer.client import PublishError, QBatchClient
+from producer.jobs import JobError
+from schemas import ConnectionSettings, ContractError, ResultEnvelope, Status
+from schemas.request import RequestOptions
+
+EXIT_OK = 0
+EXIT_NOT_ALL_SUCCEEDED = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 3
+EXIT_UNAVAILABLE = 4
+EXIT_INTERRUPTED = 130
+
+err = Console(stderr=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+@dataclass
+class Options:
+    bootstrap: str | None = None
+    redis_url: str | None = None
+    topic: str | None = None
+    prefix: str | None = None
+    quiet: bool = False
+    json: bool = False
+
+
+def opts(ctx: typer.Context) -> Options:
+    return ctx.obj if isinstance(ctx.obj, Options) else Options()
+
+
+def client_for(o: Options) -> QBatchClient:
+    try:
+        return QBatchClient(
+            ConnectionSettings(),
+            bootstrap=o.bootstrap,
+            redis_url=o.redis_url,
+            topic=o.topic,
+            prefix=o.prefix,
+        )
+    except ValueError as exc:  # pydantic ValidationError (e.g. a bad --prefix)
+        err.print(f"[red]error:[/] bad settings: {escape(str(exc))}")
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+@contextmanager
+def guard() -> Iterator[None]:
+    """Turn the expected failures into messages and exit codes."""
+    try:
+        yield
+    except ContractError as exc:
+        err.print(f"[red]invalid request:[/] {escape(exc.message)}")
+        raise typer.Exit(EXIT_USAGE) from None
+    except JobError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    except (KafkaError, PublishError) as exc:
+        err.print(f"[red]Kafka error:[/] {escape(repr(exc))}")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    except redis.exceptions.RedisError as exc:
+        err.print(f"[red]Redis error:[/] {escape(str(exc))}")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]: re-run the same command to resume")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+@contextmanager
+def progress(o: Options, description: str, enabled: bool = True) -> Iterator[Any]:
+    """A rich progress bar on stderr; yields on_progress(done, total) (a no-op when quiet)."""
+    if o.quiet or not enabled:
+        yield lambda done, total: None
+        return
+    bar = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        TextColumn("[cyan]{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )
+    with bar:
+        task = bar.add_task(description, total=None, rate="")
+
+        def update(done: int, total: int) -> None:
+            speed = bar.tasks[0].speed
+            bar.update(task, completed=done, total=total, rate=f"{speed:,.0f}/s" if speed else "")
+
+        yield update
+
+
+def say(o: Options, message: str) -> None:
+    if not o.quiet:
+        err.print(message)
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def usage_error(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/] {escape(message)}")
+    return typer.Exit(EXIT_USAGE)
+
+
+def parse_json_obj(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # bad JSON, a 5,000-digit integer, depth
+        raise usage_error(f"{what} is not JSON this tool reads: {exc}") from None
+    if not isinstance(value, dict):
+        raise usage_error(f"{what} must be a JSON object")
+    return value
+
+
+def parse_deadline(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise usage_error(f"--deadline must be an RFC 3339 time, got {value!r}") from None
+    if parsed.tzinfo is None:
+        raise usage_error("--deadline needs a time zone (e.g. 2025-01-01T06:00:00Z)")
+    return parsed
+
+
+def result_exit(results: list[ResultEnvelope | None]) -> int:
+    if any(r is None for r in results):
+        return EXIT_TIMEOUT
+    if all(r is not None and r.status is Status.succeeded for r in results):
+        return EXIT_OK
+    return EXIT_NOT_ALL_SUCCEEDED
+
+
+# ---------------------------------------------------------------- request-option flags
+
+
+def _help(field: str, prefix: str = "") -> str:
+    description = RequestOptions.model_fields[field].description or ""
+    return f"{prefix}{description}"
+
+
+JobIdOpt = Annotated[str | None, typer.Option("--job-id", help=_help("job_id"))]
+CustomIdOpt = Annotated[str | None, typer.Option("--custom-id", help=_help("custom_id"))]
+PriorityOpt = Annotated[int | None, typer.Option("--priority", help=_help("priority"))]
+DeadlineOpt = Annotated[str | None, typer.Option("--deadline", help=_help("deadline"))]
+ResultTtlOpt = Annotated[int | None, typer.Option("--result-ttl", help=_help("result_ttl_s"))]
+MetadataOpt = Annotated[str | None, typer.Option("--metadata", help=_help("metadata"))]
+DEFAULTS_NOTE = " For a bulk job: the default for lines that do not set it."
+
+
+def request_options(
+    *,
+    priority: int | None = None,
+    deadline: str | None = None,
+    result_ttl: int | None = None,
+    metadata: str | None = None,
+    job_id: str | None = None,
+    custom_id: str | None = None,
+) -> dict[str, Any]:
+    """The flags' values as `schemas.RequestOptions` keyword arguments (unset ones left out)."""
+    values: dict[str, Any] = {
+        "priority": priority,
+        "deadline": parse_deadline(deadline),
+        "result_ttl_s": result_ttl,
+        "metadata": parse_json_obj(metadata, "--metadata") if metadata else None,
+        "job_id": job_id,
+        "custom_id": custom_id,
+    }
+    return {k: v for k, v in values.items() if v is not None}

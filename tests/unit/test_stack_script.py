@@ -1,0 +1,28 @@
+"""deploy/local/stack.sh refuses what it does not know, before starting anything."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+STACK = Path(__file__).resolve().parents[2] / "deploy" / "local" / "stack.sh"
+
+
+@pytest.mark.parametrize(
+    ("args", "word"),
+    [(["up", "--brokers", "3"], "--brokers"), (["up", "--redis-cluster"], "--redis-cluster"),
+     (["down", "--sasl"], "--sasl"), (["status", "--wipe"], "--wipe")],
+)  # fmt: skip
+def test_unknown_flags_are_refused(args: list[str], word: str, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        ["bash", str(STACK), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin", "QBATCH_STACK_DIR": str(tmp_path)},
+    )
+    assert proc.returncode == 2
+    assert f"does not take '{word}'" in proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing was started
