@@ -27,12 +27,14 @@ def _checks(state: Any) -> tuple[bool, bool, dict[str, Any]]:
     # will exit non-zero; a supervisor should not wait for the stall to notice).
     fault = getattr(state, "fault", None)
     live = fault is None and (not state.engine_ready or stalled_for < LIVENESS_STALL_S)
-    ready = live and state.engine_ready and state.redis_ok and not state.stopping
+    kafka_ok = getattr(state, "kafka_ok", True)
+    ready = live and state.engine_ready and state.redis_ok and kafka_ok and not state.stopping
     detail = {
         "fault": fault,
         "loop_stalled_s": round(stalled_for, 3),
         "engine_ready": state.engine_ready,
         "redis_ok": state.redis_ok,
+        "kafka_ok": kafka_ok,
         "assigned_partitions": state.assigned,
         "stopping": state.stopping,
     }

@@ -27,7 +27,13 @@ from tenacity import (
 )
 
 from schemas import ContractError, dlq
-from schemas.kafka_compat import repair_idempotent_reset
+from schemas.kafka_compat import (
+    consumer_state,
+    partition_states,
+    repair_idempotent_reset,
+    resume_partitions,
+    watch_fetch_responses,
+)
 from worker.config import WorkerSettings
 from worker.logs import log
 
@@ -48,24 +54,6 @@ def time_in_kafka_s(record_timestamp_ms: int | None, dequeued_ms: int) -> float:
     return max(0, dequeued_ms - record_timestamp_ms) / 1000
 
 
-def resume_partitions(consumer: KafkaConsumer, *partitions: TopicPartition) -> None:
-    """`consumer.resume()` plus a fix for a kafka-python 3.0.12 fetcher bug.
-
-    Records already fetched for a partition when it is paused are parked in
-    `Fetcher._paused_partition_records`; `fetch_records()` restores them only when
-    `Fetcher._next_partition_records` is None, but a drained PartitionRecords is left
-    there (falsy, not None). The resumed partition is then never returned nor fetched
-    again: a stalled partition after every backpressure pause, in about half the runs
-    (tests/integration/test_stack.py reproduces it). Resetting the drained slot lets
-    the next poll restore the parked records.
-    """
-    consumer.resume(*partitions)
-    fetcher = getattr(consumer, "_fetcher", None)
-    current = getattr(fetcher, "_next_partition_records", None)
-    if fetcher is not None and current is not None and not current:
-        fetcher._next_partition_records = None
-
-
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, on_revoked: Partitions, on_assigned: Partitions) -> None:
         self._on_revoked = on_revoked
@@ -80,66 +68,16 @@ class _Listener(ConsumerRebalanceListener):
 
 _STALL_CHECK_S = 1.0
 _POLL_GAP_S = 5.0
-
-
-def _fetch_response_ok(response: Any) -> bool:
-    """A FetchResponse without a session error, and with a partition without error (or no
-    partitions at all: an incremental fetch session lists only the changed ones)."""
-    if getattr(response, "error_code", 0):
-        return False
-    codes = [p.error_code for topic in response.responses for p in topic.partitions]
-    return not codes or any(code == 0 for code in codes)
-
-
-def _snapshot(consumer: KafkaConsumer) -> str:
-    """kafka-python internals that decide whether the consumer fetches (for the log)."""
-    try:
-        now = time.monotonic()
-        parts = []
-        for tp, st in list(consumer._subscription.assignment.items()):
-            pos = st.position
-            retry = st.next_allowed_retry_time
-            parts.append(
-                f"p{tp.partition}:pos={pos and (pos.offset, pos.leader_epoch)}"
-                f",fetchable={st.is_fetchable()},paused={st.paused}"
-                f",validating={st.awaiting_validation},reset={st.reset_strategy}"
-                f",retry_in={retry and round(retry - now, 1)},hw={st.highwater}"
-            )
-        fetcher, coord, mgr = consumer._fetcher, consumer._coordinator, consumer._manager
-        pending = set(fetcher._nodes_with_pending_fetch_requests)
-        parked = [*fetcher._paused_completed_fetches, *fetcher._paused_partition_records]
-        epochs = {
-            tp.partition: mgr.cluster.leader_epoch_for_partition(tp)
-            for tp in list(consumer._subscription.assignment)
-        }
-        cluster = mgr.cluster
-
-        def task(future: Any) -> str:
-            return f"dead: {future.exception!r}" if future and future.is_done else "alive"
-
-        conns = [
-            f"{c} in_flight={len(c.in_flight_requests)} paused={sorted(c.paused)}"
-            for c in list(mgr._conns.values())
-        ]
-        return (
-            f"metadata_age_s={now - cluster._last_successful_refresh_ms / 1000:.1f}"
-            f" need_update={cluster.need_update}"
-            f" refresh_loop={task(cluster._refresh_loop_future)}"
-            f" heartbeat_loop={task(coord._heartbeat_loop_future)}"
-            f" coordinator={coord.coordinator_id} member={coord.state} gen={coord._generation}"
-            f" rejoin={coord.rejoin_needed} pending_fetch={pending}"
-            f" fetch_futures={len(fetcher._fetch_futures)}"
-            f" completed={len(fetcher._completed_fetches)} parked={parked}"
-            f" backoff={ {k: v[0] for k, v in list(mgr._backoff.items())} }"
-            f" conns={conns} leader_epochs={epochs}"
-            f" {' '.join(parts)}"
-        )
-    except Exception as exc:
-        return f"unavailable ({exc!r})"
+_REACH_CHECK_S = 5.0
+"""How often, while nothing is fetched, the brokers are probed (a TCP connect)."""
 
 
 class RequestConsumer:
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        on_reachability: Callable[[bool], None] = lambda ok: None,
+    ) -> None:
         self._settings = settings
         self._listener: _Listener | None = None
         self._paused = False
@@ -150,6 +88,13 @@ class RequestConsumer:
         self._last_poll_end = time.monotonic()
         self._next_check = 0.0
         self._unfetchable_since: dict[TopicPartition, float] = {}
+        self.kafka_ok = True
+        """False while no bootstrap broker accepts a connection (readiness reads it)."""
+        self.on_reachability = on_reachability
+        self._stopping: Callable[[], bool] = lambda: False
+        self._next_reach_check = 0.0
+        # kafka-python's constructor blocks until a bootstrap broker answers: say why first.
+        self._note_reachable(self._brokers_reachable())
         self._consumer = self._new_consumer()
 
     def _new_consumer(self) -> KafkaConsumer:
@@ -180,7 +125,12 @@ class RequestConsumer:
         self._watch_fetches(consumer)
         return consumer
 
-    def subscribe(self, on_revoked: Partitions, on_assigned: Partitions) -> None:
+    def subscribe(
+        self,
+        on_revoked: Partitions,
+        on_assigned: Partitions,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
         # Subscribe, THEN load the topic's metadata, before the first JoinGroup (first
         # poll). kafka-python 3.0.12 rebuilds the coordinator's metadata snapshot only on
         # a metadata update that happens after subscribe(); without one, the first
@@ -190,13 +140,19 @@ class RequestConsumer:
         # (see Worker._on_assigned) and, under load, never finished: the member expired,
         # the group went Empty and poll() spun at ~90% CPU without consuming.
         self._listener = _Listener(on_revoked, on_assigned)
+        self._stopping = stopping
         self._subscribe()
 
     def _subscribe(self) -> None:
         topic = self._settings.topic
         self._consumer.subscribe([topic], listener=self._listener)
+        self._note_reachable(self._brokers_reachable())
         deadline = time.monotonic() + 30
-        while not self._consumer.partitions_for_topic(topic) and time.monotonic() < deadline:
+        while (
+            not self._consumer.partitions_for_topic(topic)
+            and time.monotonic() < deadline
+            and not self._stopping()
+        ):
             time.sleep(0.2)  # topic not created yet: go on after 30 s (rebalance later)
 
     def poll(self, timeout_s: float, max_records: int) -> list[Any]:
@@ -214,6 +170,10 @@ class RequestConsumer:
         now = self._last_poll_end = time.monotonic()
         if records:
             self._last_fetch_ok = now
+        if now >= self._next_reach_check:
+            self._next_reach_check = now + _REACH_CHECK_S
+            fetching = now - self._last_fetch_ok < _REACH_CHECK_S
+            self._note_reachable(fetching or self._brokers_reachable())
         if self._stall_s > 0 and now >= self._next_check:
             self._next_check = now + _STALL_CHECK_S
             self._check_stall(now)
@@ -231,20 +191,10 @@ class RequestConsumer:
     # the listener, as in a rebalance), a new one joins the group.
 
     def _watch_fetches(self, consumer: KafkaConsumer) -> None:
-        fetcher = getattr(consumer, "_fetcher", None)
-        handler = getattr(fetcher, "_handle_fetch_response", None)
-        if fetcher is None or handler is None:
-            return  # another kafka-python: rely on records only
+        watch_fetch_responses(consumer, self._fetch_ok)
 
-        def _handle(node_id: Any, fetch_offsets: Any, send_time: Any, response: Any) -> Any:
-            try:
-                if _fetch_response_ok(response):
-                    self._last_fetch_ok = time.monotonic()
-            except Exception:
-                pass
-            return handler(node_id, fetch_offsets, send_time, response)
-
-        fetcher._handle_fetch_response = _handle
+    def _fetch_ok(self) -> None:
+        self._last_fetch_ok = time.monotonic()
 
     def _reset_watch(self, now: float) -> None:
         self._last_fetch_ok = now
@@ -258,7 +208,7 @@ class RequestConsumer:
         reasons: list[str] = []
         if now - self._last_fetch_ok > self._stall_limit:
             reasons.append(f"no fetch response for {now - self._last_fetch_ok:.0f}s")
-        states = getattr(getattr(self._consumer, "_subscription", None), "assignment", {})
+        states = partition_states(self._consumer)
         for tp in assigned:
             state = states.get(tp)
             if state is None or getattr(state, "paused", False) or state.is_fetchable():
@@ -279,7 +229,7 @@ class RequestConsumer:
             "kafka_consumer_stalled",
             reasons=reasons,
             action="replacing the KafkaConsumer",
-            state=_snapshot(self._consumer),
+            state=consumer_state(self._consumer),
         )
         self._recreate()
         # A cause a new consumer does not cure (a partition offline while the broker
@@ -291,11 +241,27 @@ class RequestConsumer:
         for server in self._settings.kafka_bootstrap.split(","):
             host, _, port = server.strip().rpartition(":")
             try:
-                with socket.create_connection((host.strip("[]") or "localhost", int(port)), 2):
+                with socket.create_connection((host.strip("[]") or "localhost", int(port)), 1):
                     return True
             except (OSError, ValueError):
                 continue
         return False
+
+    def _note_reachable(self, ok: bool) -> None:
+        """One plain line when Kafka goes away or comes back (kafka-python's own errors
+        are rate-limited by worker.logs)."""
+        if ok == self.kafka_ok:
+            return
+        self.kafka_ok = ok
+        self.on_reachability(ok)
+        if ok:
+            log.info("kafka_reachable", bootstrap=self._settings.kafka_bootstrap)
+        else:
+            log.warning(
+                "kafka_unreachable",
+                bootstrap=self._settings.kafka_bootstrap,
+                message=f"waiting for Kafka at {self._settings.kafka_bootstrap}",
+            )
 
     def _recreate(self) -> None:
         """Close the consumer (revoking its partitions) and join the group with a new one."""

@@ -50,6 +50,8 @@ class WorkerState:
     engine_ready: bool = False
     assigned: int = 0
     redis_ok: bool = True
+    """All reply sinks answer (the name predates the Kafka results sink)."""
+    kafka_ok: bool = True
     last_loop: float = field(default_factory=time.monotonic)
     stopping: bool = False
     fault: str | None = None
@@ -187,7 +189,7 @@ class Worker:
         gc.set_threshold(50_000, 20, 100)
         for thread in self._threads:
             thread.start()
-        self.consumer.subscribe(self.intake.on_revoked, self.intake.on_assigned)
+        self.consumer.subscribe(self.intake.on_revoked, self.intake.on_assigned, self._stop.is_set)
         log.info(
             "worker_started",
             worker_id=self.settings.worker_id,
@@ -279,10 +281,15 @@ def build_worker(
     settings: WorkerSettings, engine: Engine, *, state: WorkerState | None = None
 ) -> Worker:
     """A worker with its consumer, sinks and dead-letter producer made from `settings`."""
+    state = state or WorkerState()
+
+    def kafka_ok(ok: bool) -> None:
+        state.kafka_ok = ok
+
     return Worker(
         settings,
         engine,
-        RequestConsumer(settings),
+        RequestConsumer(settings, kafka_ok),
         build_sinks(settings),
         DeadLetters(settings) if settings.dead_letter else None,
         state=state,

@@ -74,7 +74,8 @@ def pick_model() -> tuple[str, str]:
             return path, f"{HUB_MODEL} from the Hugging Face hub"
         except Exception as exc:  # offline, blocked, rate limited: fall back, say so
             print(f"   hub not reachable ({type(exc).__name__}); using a tiny random model")
-    from worker.tiny_model import build_tiny_qwen3
+    sys.path.insert(0, str(REPO))  # the tiny model builder is test code (tests/tiny_model.py)
+    from tests.tiny_model import build_tiny_qwen3
 
     path = build_tiny_qwen3(CACHE / "models" / "tiny-qwen3")
     return str(path), "TINY RANDOM-WEIGHT Qwen3 (real tokenizer and chat template; text is noise)"

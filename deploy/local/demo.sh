@@ -9,6 +9,6 @@ if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c "import torch, worker" 2
   echo "== installing qbatch with the CPU engine into .venv (first run; torch is large)" >&2
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[cpu]'
+  .venv/bin/pip install -q -e '.[cpu]'  # the worker with the CPU engine (torch)
 fi
 exec .venv/bin/python deploy/local/demo.py "$@"

@@ -1,13 +1,17 @@
-"""Worker overhead: records already on Kafka -> results in Redis, echo engine.
+"""Worker overhead: records already on Kafka -> results in the reply sinks, echo engine.
 
 The echo engine answers at once, so what is measured is qbatch itself:
 consume, decode and validate, micro-batch, admission look-up, result build,
-the once-only Lua write and the commit. Run with the local stack up:
+the once-only Lua write, the results topic and the commit. Run with the local stack up:
 
     .venv/bin/python -m tests.benchmarks.bench_worker_echo --n 10000 --n 100000
+    .venv/bin/python -m tests.benchmarks.bench_worker_echo --n 20000 \
+        --sinks redis,topic,both,txn --rounds 2
 
-Prints requests/s (first record dequeued -> last result seen in Redis) and the
-worker's peak RSS, for each N, one run after the other on the same machine.
+Prints requests/s (first record dequeued -> last result visible in every sink: Redis
+keys seen, or the results topic's last record timestamp, read read_committed) and the
+worker's peak RSS, for each N and sink mode, one run after the other on the same
+machine; with several modes, each as a ratio to Redis-only of the same round.
 """
 
 from __future__ import annotations
@@ -51,13 +55,66 @@ def _rss_kb(pid: int, field: str) -> int:
     return 0
 
 
-def run_once(n: int, partitions: int, redis_db: int, extra: list[str]) -> dict[str, Any]:
+SINK_MODES: dict[str, list[str]] = {
+    "redis": [],
+    "topic": ["--no-redis-sink"],
+    "both": [],
+    "txn": ["--results-transactional"],
+}
+"""Worker flags per sink mode (every mode but `redis` also gets QBATCH_RESULTS_TOPIC)."""
+
+
+class _Committed:
+    """Whether the worker's group has committed every record of the requests topic: in the
+    topic modes the commit follows the sinks (transactional: it is the transaction)."""
+
+    def __init__(self, lane: Lane, partitions: int) -> None:
+        from kafka import KafkaConsumer
+        from kafka.structs import TopicPartition
+
+        self._consumer = KafkaConsumer(bootstrap_servers=lane.bootstrap, group_id=lane.group)
+        self._tps = [TopicPartition(lane.topic, p) for p in range(partitions)]
+        self._ends = self._consumer.end_offsets(self._tps)
+
+    def all(self) -> bool:
+        return all((self._consumer.committed(tp) or 0) >= self._ends[tp] for tp in self._tps)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def _read_topic(lane: Lane, topic: str) -> list[Any]:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=lane.bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        consumer_timeout_ms=3000,
+    )
+    try:
+        return list(consumer)
+    finally:
+        consumer.close()
+
+
+def run_once(
+    n: int, partitions: int, redis_db: int, extra: list[str], mode: str = "redis"
+) -> dict[str, Any]:
+    from tests.integration.workers import create_topic, delete_topics
+
     lane = Lane.new("bench")
     base_url = lane.redis_url.rsplit("/", 1)[0]
     lane.redis_url = f"{base_url}/{redis_db}"
     r = redis.Redis.from_url(lane.redis_url)
     r.flushdb()
     lane.create_topics(partitions)
+    topic = None if mode == "redis" else f"{lane.topic}.results"
+    if topic:
+        create_topic(topic, partitions, lane.bootstrap)
+        os.environ["QBATCH_RESULTS_TOPIC"] = topic
     producer = KafkaProducer(
         bootstrap_servers=lane.bootstrap, linger_ms=20, batch_size=256 * 1024, acks="all"
     )
@@ -68,40 +125,61 @@ def run_once(n: int, partitions: int, redis_db: int, extra: list[str]) -> dict[s
     produce_s = time.perf_counter() - t0
     producer.close()
 
-    worker = start_worker(lane, *extra, log=Path(os.environ.get("QBATCH_BENCH_LOG", "/dev/null")))
+    log = Path(os.environ.get("QBATCH_BENCH_LOG", "/dev/null"))
+    try:
+        worker = start_worker(lane, *SINK_MODES[mode], *extra, log=log)
+    finally:
+        os.environ.pop("QBATCH_RESULTS_TOPIC", None)
+    redis_on = mode != "topic"
     peak_rss_sample = 0
+    seen_redis = None
+    committed = _Committed(lane, partitions) if topic else None
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            keys = r.dbsize()
             peak_rss_sample = max(peak_rss_sample, _rss_kb(worker.pid, "VmRSS:"))
-            if keys >= 2 * n:
+            if redis_on and seen_redis is None and r.dbsize() >= 2 * n:
+                seen_redis = time.time()
+            if (seen_redis or not redis_on) and (committed is None or committed.all()):
                 break
-            time.sleep(0.02)
-        seen_all = time.time()
+            time.sleep(0.02 if committed is None else 0.1)
         peak_rss = _rss_kb(worker.pid, "VmHWM:")
     finally:
         stop_worker(worker)
+        if committed is not None:
+            committed.close()
     dequeued = []
     batch_sizes = []
-    rids = [f"b{i}" for i in range(n)]
     statuses: dict[str, int] = {}
-    for start in range(0, n, 5000):
-        chunk = [f"{lane.prefix}:result:{rid}" for rid in rids[start : start + 5000]]
-        for raw in r.mget(chunk):
-            if raw is None:
-                statuses["missing"] = statuses.get("missing", 0) + 1
-                continue
-            res = json.loads(raw)
-            statuses[res["status"]] = statuses.get(res["status"], 0) + 1
-            dequeued.append(res["timings"]["dequeued"])
-            batch_sizes.append(res["worker"]["batch_size"])
+    results: list[dict[str, Any]] = []
+    last_visible = seen_redis or 0.0
+    if redis_on:
+        rids = [f"b{i}" for i in range(n)]
+        for start in range(0, n, 5000):
+            chunk = [f"{lane.prefix}:result:{rid}" for rid in rids[start : start + 5000]]
+            results += [json.loads(raw) for raw in r.mget(chunk) if raw is not None]
+    on_topic = 0
+    if topic:
+        records = _read_topic(lane, topic)
+        on_topic = len({rec.key for rec in records})
+        last_visible = max(last_visible, max(rec.timestamp for rec in records) / 1000)
+        if not redis_on:
+            results = [json.loads(rec.value) for rec in records]
+    for res in results:
+        statuses[res["status"]] = statuses.get(res["status"], 0) + 1
+        dequeued.append(res["timings"]["dequeued"])
+        batch_sizes.append(res["worker"]["batch_size"])
+    statuses["missing"] = n - len({res["request_id"] for res in results})
     first_ms = min(dequeued)
-    elapsed = seen_all - first_ms / 1000
+    elapsed = last_visible - first_ms / 1000
     r.flushdb()
     lane.delete_topics()
+    if topic:
+        delete_topics([topic], lane.bootstrap)
     return {
         "n": n,
+        "mode": mode,
+        "on_topic": on_topic,
         "partitions": partitions,
         "produce_s": round(produce_s, 2),
         "elapsed_s": round(elapsed, 3),
@@ -175,6 +253,12 @@ def main() -> None:
     parser.add_argument("--redis-db", type=int, default=9)
     parser.add_argument("--json-out", default=None)
     parser.add_argument("--lone", type=int, default=0, help="lone requests per wait (0, 10, 50)")
+    parser.add_argument(
+        "--sinks",
+        default="redis",
+        help=f"comma-separated sink modes, run in turn: {', '.join(SINK_MODES)}",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the modes, alternating")
     parser.add_argument("worker_args", nargs="*", help="extra qbatch-worker flags after --")
     args = parser.parse_args()
     if args.lone:
@@ -190,16 +274,32 @@ def main() -> None:
             )
         return
     sizes = args.n or [10_000, 100_000]
+    modes = [m.strip() for m in args.sinks.split(",") if m.strip()]
+    unknown = set(modes) - set(SINK_MODES)
+    if unknown:
+        parser.error(f"unknown sink modes {sorted(unknown)}")
     print(f"machine: {platform.node()} {os.cpu_count()} cores, python {platform.python_version()}")
-    rows = [run_once(n, args.partitions, args.redis_db, args.worker_args) for n in sizes]
+    rows = []
+    for rnd in range(args.rounds):
+        order = modes if rnd % 2 == 0 else modes[::-1]
+        for n in sizes:
+            for mode in order:
+                row = run_once(n, args.partitions, args.redis_db, args.worker_args, mode)
+                row["round"] = rnd + 1
+                rows.append(row)
+    baseline = {(r["round"], r["n"]): r["req_per_s"] for r in rows if r["mode"] == "redis"}
     print(
-        f"{'N':>8} {'produce s':>10} {'elapsed s':>10} {'req/s':>10} {'peak RSS MB':>12}"
-        f" {'mean batch':>11}  statuses"
+        f"{'round':>5} {'N':>8} {'sinks':>6} {'elapsed s':>10} {'req/s':>10} {'x redis':>8}"
+        f" {'peak RSS MB':>12} {'mean batch':>11} {'on topic':>9}  statuses"
     )
     for row in rows:
+        base = baseline.get((row["round"], row["n"]))
+        row["ratio_to_redis"] = round(row["req_per_s"] / base, 3) if base else None
         print(
-            f"{row['n']:>8} {row['produce_s']:>10} {row['elapsed_s']:>10} {row['req_per_s']:>10}"
-            f" {row['peak_rss_mb']:>12} {row['mean_batch_size']:>11}  {row['statuses']}"
+            f"{row['round']:>5} {row['n']:>8} {row['mode']:>6} {row['elapsed_s']:>10}"
+            f" {row['req_per_s']:>10} {row['ratio_to_redis'] or '-':>8}"
+            f" {row['peak_rss_mb']:>12} {row['mean_batch_size']:>11} {row['on_topic']:>9}"
+            f"  {row['statuses']}"
         )
     if args.json_out:
         with open(args.json_out, "w") as fh:

@@ -18,7 +18,7 @@ import redis
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
-from worker.kafka_io import resume_partitions
+from schemas.kafka_compat import resume_partitions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACK_SH = REPO_ROOT / "deploy" / "local" / "stack.sh"

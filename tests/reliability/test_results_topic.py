@@ -208,3 +208,29 @@ def test_the_cli_waits_on_the_topic_without_redis(results_lane: EnvLane, spawn: 
     assert again.returncode == 0 and json.loads(again.stdout)["request_id"] == "cli-1"
     missing = qbatch(lane, "wait", "never-sent", "--from-topic", topic, "--timeout", "2")
     assert missing.returncode == 3
+
+
+def test_a_fenced_transactional_producer_is_replaced(
+    results_lane: EnvLane, redis_client: redis.Redis, spawn: Any
+) -> None:
+    """Another producer takes the worker's transactional.id (what a coordinator's timeout
+    abort across a broker restart does too): the worker makes a new producer, re-sends
+    the aborted results, and the topic still holds each result once."""
+    from kafka import KafkaProducer
+
+    lane, n = results_lane, 2_000
+    txn_id = f"{lane.group}-fence"
+    new_job(redis_client, lane.prefix, "jf", n)
+    envs = [chat(f"f{i}", f"fence {i}", job_id="jf") for i in range(n)]
+    worker = spawn(lane, *TXN, "--transactional-id", txn_id, "--echo-delay-ms", "5")
+    produce_envelopes(lane, envs[: n // 2])
+    assert wait_job(redis_client, lane.prefix, "jf", n // 4, 60) >= n // 4
+    intruder = KafkaProducer(bootstrap_servers=lane.bootstrap, transactional_id=txn_id)
+    intruder.init_transactions()  # bumps the epoch: the worker's producer is fenced
+    intruder.close()
+    produce_envelopes(lane, envs[n // 2 :])
+    assert wait_job(redis_client, lane.prefix, "jf", n, 120) == n
+    records = read_results(lane, n, 120, settle_s=3)
+    seen = counts(records)
+    assert worker.poll() is None
+    assert len(seen) == n and max(seen.values()) == 1

@@ -30,6 +30,6 @@ def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen3 with RANDOM weights, built once per session (needs torch)."""
     if not HAS_TORCH:
         pytest.skip("torch is not installed (pip install -e '.[cpu]')")
-    from worker.tiny_model import build_tiny_qwen3
+    from tests.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "tiny-qwen3", seed=0)

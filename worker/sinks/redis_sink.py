@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
@@ -60,11 +61,22 @@ def call(fn: Callable[[], T]) -> T:
         raise SinkUnavailable(f"Redis: {type(exc).__name__}: {exc}") from exc
 
 
+def _redacted(url: str) -> str:
+    """The URL without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
 class RedisSink(ReplySink):
     name = "redis"
     dedupes = True
 
-    def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
+    def __init__(self, client: redis.Redis, keys: RedisKeys, where: str = "") -> None:
+        self.where = where
         self._client = client
         self._keys = keys
         self._writer = ResultWriter(client, keys)
@@ -79,7 +91,7 @@ class RedisSink(ReplySink):
             health_check_interval=15,
             **settings.redis_kwargs(),
         )
-        return cls(client, settings.keys)
+        return cls(client, settings.keys, _redacted(settings.redis_url))
 
     @property
     def client(self) -> redis.Redis:

@@ -5,7 +5,7 @@ the tokenizer) but only 2 layers of width 64 with random weights: what it genera
 It exists to exercise the transformers engine end to end (batching, padding, max_tokens,
 decoding) on a laptop CPU in a second, never to judge output quality.
 
-    python -m worker.tiny_model OUT_DIR      # prints the model directory
+    python -m tests.tiny_model OUT_DIR      # prints the model directory
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def build_tiny_qwen3(
         for name in TOKENIZER_FILES:
             shutil.copy2(fixture / name, staging / name)
         (staging / "README.md").write_text(
-            "Tiny Qwen3 with RANDOM weights (2 layers, width 64), built by worker.tiny_model "
+            "Tiny Qwen3 with RANDOM weights (2 layers, width 64), built by tests.tiny_model "
             "for tests. Its output is noise.\n",
             encoding="utf-8",
         )
