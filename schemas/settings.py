@@ -8,10 +8,33 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.keys import RedisKeys
+
+
+INTERACTIVE = "interactive"
+BULK = "bulk"
+
+
+class LaneSpec(BaseModel):
+    """One priority lane: its name, its requests topic, and its in-flight bounds in a
+    worker. Lanes are listed best first; a worker serves a better lane's records first."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    topic: str = Field(min_length=1, max_length=249)
+    max_inflight: int | None = Field(
+        None, ge=1, description="At most this many of the lane's records in flight."
+    )
+    min_inflight: int = Field(
+        0,
+        ge=0,
+        description="The lane keeps fetching up to this many in flight even while a better "
+        "lane has work: its guaranteed share.",
+    )
 
 
 class ConnectionSettings(BaseSettings):
@@ -21,7 +44,19 @@ class ConnectionSettings(BaseSettings):
         "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated."
     )
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL; rediss:// for TLS.")
-    topic: str = Field("qbatch.requests", description="The requests topic.")
+    topic: str = Field(
+        "qbatch.requests", description="The requests topic (the `interactive` lane)."
+    )
+    bulk_topic: str = Field(
+        "qbatch.requests.bulk",
+        description="The `bulk` lane's requests topic: bulk jobs publish here by default.",
+    )
+    lanes: list[LaneSpec] = Field(
+        default_factory=list,
+        description='Priority lanes, best first, as JSON (e.g. \'[{"name": "interactive", '
+        '"topic": "qbatch.requests"}, ...]\'); empty: interactive (--topic) and bulk '
+        "(--bulk-topic).",
+    )
     dlq_topic: str = Field(
         "qbatch.requests.dlq", description="Dead-letter topic for records that cannot be run."
     )
@@ -50,6 +85,34 @@ class ConnectionSettings(BaseSettings):
     @property
     def keys(self) -> RedisKeys:
         return RedisKeys(self.prefix)
+
+    @model_validator(mode="after")
+    def _distinct_lanes(self) -> ConnectionSettings:
+        specs = self.lane_specs()
+        for what in ("name", "topic"):
+            values = [getattr(spec, what) for spec in specs]
+            if len(set(values)) != len(values):
+                raise ValueError(f"lanes: every lane needs its own {what}, got {values}")
+        return self
+
+    def lane_specs(self) -> list[LaneSpec]:
+        """The lanes, best first."""
+        if self.lanes:
+            return list(self.lanes)
+        return [
+            LaneSpec(name=INTERACTIVE, topic=self.topic),
+            LaneSpec(name=BULK, topic=self.bulk_topic),
+        ]
+
+    def lane_topic(self, lane: str | None) -> str:
+        """The requests topic of `lane` (None: the first, interactive lane)."""
+        specs = self.lane_specs()
+        if lane is None:
+            return specs[0].topic
+        for spec in specs:
+            if spec.name == lane:
+                return spec.topic
+        raise ValueError(f"unknown lane {lane!r}; lanes: {', '.join(s.name for s in specs)}")
 
     def kafka_kwargs(self) -> dict[str, Any]:
         """Keyword arguments shared by kafka-python's producer, consumer and admin."""

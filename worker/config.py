@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from schemas.settings import ConnectionSettings
+from worker.lanes import LanePolicy
 
 EngineName = Literal["auto", "vllm", "transformers", "echo"]
 EngineMode = Literal["continuous", "static"]
@@ -93,6 +94,24 @@ class WorkerSettings(ConnectionSettings):
     resume_ratio: float = Field(
         0.75, gt=0, le=1, description="Resume fetching below max_inflight * resume_ratio."
     )
+    bulk_max_inflight: int | None = Field(
+        None,
+        ge=1,
+        description="At most this many records of lanes below the first in flight (default "
+        "3/4 of max_inflight: interactive requests always find room).",
+    )
+    bulk_min_inflight: int | None = Field(
+        None,
+        ge=0,
+        description="Lanes below the first keep fetching up to this many in flight while a "
+        "better lane has work: their guaranteed share (default 2 x batch_max_size).",
+    )
+    lane_yield_above: int = Field(
+        0,
+        ge=0,
+        description="Worse lanes yield (down to their minimum) while a better lane has "
+        "records waiting or more than this many in flight.",
+    )
     default_max_tokens: int | None = Field(
         None, ge=1, description="max_tokens when a request gives none (else up to the context)."
     )
@@ -120,6 +139,12 @@ class WorkerSettings(ConnectionSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     echo_delay_ms: float = Field(0.0, ge=0, description="echo engine: delay per answer.")
+    echo_concurrency: int = Field(
+        0,
+        ge=0,
+        description="echo engine: answers at a time, the rest wait in priority order "
+        "(like vLLM's max_num_seqs); 0 = unlimited.",
+    )
     dead_letter: bool = Field(True, description="Send bad records to the DLQ topic.")
 
     # --- reply sinks
@@ -162,6 +187,26 @@ class WorkerSettings(ConnectionSettings):
         if self.results_transactional and not self.results_topic:
             raise ValueError("--results-transactional needs --results-topic")
         return self
+
+    def lane_policies(self) -> list[LanePolicy]:
+        """The lanes, best first, with their in-flight bounds filled in."""
+        cap = self.bulk_max_inflight or max(1, self.max_inflight - self.max_inflight // 4)
+        floor = self.bulk_min_inflight
+        if floor is None:
+            floor = 2 * self.batch_max_size
+        policies = []
+        for rank, spec in enumerate(self.lane_specs()):
+            best = rank == 0
+            policies.append(
+                LanePolicy(
+                    name=spec.name,
+                    topic=spec.topic,
+                    rank=rank,
+                    max_inflight=spec.max_inflight or (self.max_inflight if best else cap),
+                    min_inflight=spec.min_inflight or (0 if best else min(floor, cap)),
+                )
+            )
+        return policies
 
     def transactional_id_or_default(self) -> str:
         return self.transactional_id or f"qbatch-{self.group}-{self.worker_id}"

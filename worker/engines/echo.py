@@ -1,9 +1,14 @@
-"""`echo`: a deterministic TEST engine that answers at once with its prompt.
+"""`echo`: a deterministic TEST engine that answers with its prompt.
 
 It exists for plumbing tests and the overhead benchmark: with no model in the
 way, what is measured is qbatch itself (Kafka, batching, Redis). Because the
 reply is the rendered prompt (for chat, the last user message), a test can
 make the "model" emit `<tool_call>` or `<think>` blocks by sending them.
+
+It can also be slowed to a GPU-like shape: `--echo-delay-ms` per answer, at most
+`--echo-concurrency` requests at a time (like vLLM's `max_num_seqs`), the rest waiting
+in priority order (lower first, then arrival, like vLLM's priority scheduling; not
+preemptive). The priority-lane tests and benchmarks use that shape.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from worker.engines.base import Engine, EngineOutput, EngineRequest, OnDone
+from worker.engines.base import Engine, EngineOutput, EngineRequest, EngineStats, OnDone
 
 if TYPE_CHECKING:
     from worker.config import WorkerSettings
@@ -34,12 +39,19 @@ class EchoEngine(Engine):
     name = "echo"
 
     def __init__(
-        self, *, served_name: str = "echo", max_model_len: int = 32_768, delay_ms: float = 0.0
+        self,
+        *,
+        served_name: str = "echo",
+        max_model_len: int = 32_768,
+        delay_ms: float = 0.0,
+        concurrency: int = 0,
     ) -> None:
         self._served_name = served_name
         self._max_model_len = max_model_len
         self._delay_s = delay_ms / 1000.0
-        self._due: list[tuple[float, int, EngineOutput, OnDone]] = []
+        self._concurrency = concurrency
+        self._waiting: list[tuple[int, int, EngineOutput, OnDone]] = []
+        self._running: list[tuple[float, int, EngineOutput, OnDone]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
@@ -51,34 +63,55 @@ class EchoEngine(Engine):
             served_name=settings.served_name(),
             max_model_len=settings.max_model_len or 32_768,
             delay_ms=settings.echo_delay_ms,
+            concurrency=settings.echo_concurrency,
         )
 
+    @property
+    def _immediate(self) -> bool:
+        return self._delay_s <= 0 and self._concurrency <= 0
+
     def _start(self) -> None:
-        if self._delay_s > 0 and self._thread is None:
+        if not self._immediate and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="echo-delay", daemon=True)
             self._thread.start()
 
     def submit(self, batch: Sequence[EngineRequest], on_done: OnDone) -> None:
-        if self._delay_s <= 0:
+        if self._immediate:
             for request in batch:
                 on_done(echo_output(request))
             return
-        due = time.monotonic() + self._delay_s
         with self._cond:
             for request in batch:
-                heapq.heappush(self._due, (due, next(self._seq), echo_output(request), on_done))
+                item = (request.priority, next(self._seq), echo_output(request), on_done)
+                heapq.heappush(self._waiting, item)
             self._cond.notify()
+
+    def _admit(self, now: float) -> None:
+        """Waiting -> running while there is room (caller holds the lock)."""
+        while self._waiting and (
+            self._concurrency <= 0 or len(self._running) < self._concurrency
+        ):
+            _, seq, output, on_done = heapq.heappop(self._waiting)
+            heapq.heappush(self._running, (now + self._delay_s, seq, output, on_done))
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._due or self._due[0][0] > time.monotonic()):
-                    timeout = self._due[0][0] - time.monotonic() if self._due else None
+                while True:
+                    if self._closed:
+                        return
+                    now = time.monotonic()
+                    self._admit(now)
+                    if self._running and self._running[0][0] <= now:
+                        _, _, output, on_done = heapq.heappop(self._running)
+                        break
+                    timeout = self._running[0][0] - now if self._running else None
                     self._cond.wait(timeout)
-                if self._closed:
-                    return
-                _, _, output, on_done = heapq.heappop(self._due)
             on_done(output)
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            return EngineStats(running=len(self._running), waiting=len(self._waiting))
 
     def close(self) -> None:
         with self._cond:
