@@ -13,7 +13,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.keys import RedisKeys
 
-
 INTERACTIVE = "interactive"
 BULK = "bulk"
 

@@ -88,9 +88,7 @@ class EchoEngine(Engine):
 
     def _admit(self, now: float) -> None:
         """Waiting -> running while there is room (caller holds the lock)."""
-        while self._waiting and (
-            self._concurrency <= 0 or len(self._running) < self._concurrency
-        ):
+        while self._waiting and (self._concurrency <= 0 or len(self._running) < self._concurrency):
             _, seq, output, on_done = heapq.heappop(self._waiting)
             heapq.heappush(self._running, (now + self._delay_s, seq, output, on_done))
 
