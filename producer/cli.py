@@ -66,7 +66,12 @@ def _global(
         str | None, typer.Option("--redis-url", help="Redis URL (QBATCH_REDIS_URL).")
     ] = None,
     topic: Annotated[
-        str | None, typer.Option("--topic", help="Requests topic (QBATCH_TOPIC).")
+        str | None,
+        typer.Option("--topic", help="Requests topic of the interactive lane (QBATCH_TOPIC)."),
+    ] = None,
+    bulk_topic: Annotated[
+        str | None,
+        typer.Option("--bulk-topic", help="Requests topic of the bulk lane (QBATCH_BULK_TOPIC)."),
     ] = None,
     prefix: Annotated[
         str | None, typer.Option("--prefix", help="Redis key prefix (QBATCH_PREFIX).")
@@ -79,7 +84,7 @@ def _global(
     ] = False,
 ) -> None:
     """Global options override the QBATCH_* environment."""
-    ctx.obj = Options(bootstrap, redis_url, topic, prefix, quiet, json_out)
+    ctx.obj = Options(bootstrap, redis_url, topic, prefix, quiet, json_out, bulk_topic)
 
 
 FromTopicOpt = Annotated[
@@ -131,6 +136,10 @@ def submit(
     deadline: DeadlineOpt = None,
     result_ttl: ResultTtlOpt = None,
     metadata: MetadataOpt = None,
+    lane: Annotated[
+        str | None,
+        typer.Option(help="Priority lane: interactive (default), bulk, or one of QBATCH_LANES."),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait and print the result JSON.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to --wait.")] = 60.0,
     from_topic: FromTopicOpt = None,
@@ -159,7 +168,7 @@ def submit(
     )
     sent_ms = int(time.time() * 1000) - 5_000
     with guard(), client_for(o) as client:
-        rid = client.submit(data, request_id=request_id, endpoint=endpoint, **options)
+        rid = client.submit(data, request_id=request_id, endpoint=endpoint, lane=lane, **options)
         if not wait:
             emit_json({"request_id": rid}) if o.json else out.print(rid)
             return

@@ -51,7 +51,16 @@ from producer.jobs import (
     submit_job,
 )
 from schemas import ContractError
+from schemas.settings import BULK
 
+BulkLaneOpt = Annotated[
+    str,
+    typer.Option(
+        "--lane",
+        help="Priority lane the job's lines travel on (default bulk: interactive requests "
+        "are served first; see QBATCH_LANES).",
+    ),
+]
 JobTtlOpt = Annotated[int, typer.Option("--job-ttl", help="TTL of the job keys (s).")]
 ChunkOpt = Annotated[int, typer.Option(help="Lines per acknowledged chunk.", min=1)]
 
@@ -98,6 +107,7 @@ def _do_submit(
     chunk: int,
     job_ttl: int,
     dry_run: bool,
+    lane: str,
 ) -> int:
     if not file.is_file():
         err.print(f"[red]error:[/] no such file: {file}")
@@ -156,6 +166,7 @@ def _do_submit(
             sha=file_sha256(file),
             chunk=chunk,
             on_progress=bar,
+            lane=lane,
         )
     if o.json:
         emit_json({"submit": report.as_dict()})
@@ -195,6 +206,7 @@ def bulk_submit(
     metadata: MetadataOpt = None,
     job_ttl: JobTtlOpt = DEFAULT_JOB_TTL_S,
     chunk: ChunkOpt = DEFAULT_CHUNK,
+    lane: BulkLaneOpt = BULK,
 ) -> None:
     """Publish a file as job ID. Re-running resumes; a finished submission is a no-op.
 
@@ -213,6 +225,7 @@ def bulk_submit(
             chunk,
             job_ttl,
             dry_run,
+            lane,
         )
     raise typer.Exit(code)
 
@@ -377,6 +390,7 @@ def bulk_run(
     metadata: MetadataOpt = None,
     job_ttl: JobTtlOpt = DEFAULT_JOB_TTL_S,
     chunk: ChunkOpt = DEFAULT_CHUNK,
+    lane: BulkLaneOpt = BULK,
 ) -> None:
     """Submit FILE and collect its results into --out (for cron). Re-running resumes.
 
@@ -398,6 +412,7 @@ def bulk_run(
             chunk,
             job_ttl,
             dry_run=False,
+            lane=lane,
         )
         if code not in (EXIT_OK, EXIT_NOT_ALL_SUCCEEDED):
             raise typer.Exit(code)
@@ -417,6 +432,7 @@ def bulk_retry(
         Path | None, typer.Option("--file", help="Input file (default: the path stored at submit).")
     ] = None,
     chunk: ChunkOpt = DEFAULT_CHUNK,
+    lane: BulkLaneOpt = BULK,
 ) -> None:
     """Resubmit a finished job's failed/expired lines (same job, same custom_ids).
 
@@ -440,7 +456,7 @@ def bulk_retry(
             err.print(f"[red]error:[/] input file {path} is gone; give --file")
             raise typer.Exit(EXIT_USAGE)
         with progress(o, f"retry {job}") as bar:
-            report = retry_job(client, store, job, path, chunk=chunk, on_progress=bar)
+            report = retry_job(client, store, job, path, chunk=chunk, on_progress=bar, lane=lane)
     if o.json:
         emit_json({"retry": report.as_dict()})
     say(

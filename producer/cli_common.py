@@ -57,6 +57,7 @@ class Options:
     prefix: str | None = None
     quiet: bool = False
     json: bool = False
+    bulk_topic: str | None = None
 
 
 def opts(ctx: typer.Context) -> Options:
@@ -70,6 +71,7 @@ def client_for(o: Options) -> QBatchClient:
             bootstrap=o.bootstrap,
             redis_url=o.redis_url,
             topic=o.topic,
+            bulk_topic=o.bulk_topic,
             prefix=o.prefix,
         )
     except ValueError as exc:  # pydantic ValidationError (e.g. a bad --prefix)

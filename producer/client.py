@@ -165,6 +165,7 @@ class QBatchClient:
         bootstrap: str | None = None,
         redis_url: str | None = None,
         topic: str | None = None,
+        bulk_topic: str | None = None,
         prefix: str | None = None,
         producer_config: Mapping[str, Any] | None = None,
         producer: Any | None = None,
@@ -180,6 +181,8 @@ class QBatchClient:
             updates["redis_url"] = redis_url
         if topic is not None:
             updates["topic"] = topic
+        if bulk_topic is not None:
+            updates["bulk_topic"] = bulk_topic
         if prefix is not None:
             updates["prefix"] = prefix
         # Re-validate so that a bad --prefix is refused here, not when a key is built.
@@ -215,10 +218,21 @@ class QBatchClient:
 
     # ------------------------------------------------------------ publishing
 
-    def send(self, envelope: RequestEnvelope) -> Any:
-        """Publish a validated envelope without waiting: returns kafka-python's future."""
+    def topic_for(self, lane: str | None) -> str:
+        """The requests topic of priority lane `lane` (None: interactive, the first)."""
+        try:
+            return self.settings.lane_topic(lane)
+        except ValueError as exc:
+            raise ContractError(str(exc), param="lane") from None
+
+    def send(self, envelope: RequestEnvelope, lane: str | None = None) -> Any:
+        """Publish a validated envelope without waiting: returns kafka-python's future.
+
+        `lane`: the priority lane (`interactive`, the default, or `bulk`, ...: see
+        `ConnectionSettings.lanes`); bulk jobs publish to `bulk`.
+        """
         return self.producer.send(
-            self.topic,
+            self.topic_for(lane),
             key=envelope.request_id.encode("utf-8"),
             value=encode_request(envelope),
         )
@@ -241,22 +255,26 @@ class QBatchClient:
         *,
         request_id: str | None = None,
         endpoint: str | None = None,
+        lane: str | None = None,
         flush: bool = True,
         **options: Any,
     ) -> str:
         """Validate and publish one request; returns its request_id.
 
         `options`: any of `schemas.RequestOptions` (job_id, custom_id, priority, deadline,
-        result_ttl_s, metadata). With `flush=True` (default) this returns once Kafka has
-        acknowledged the record (acks=all) and raises `PublishError` otherwise.
+        result_ttl_s, metadata). `lane`: the priority lane (default interactive). With
+        `flush=True` (default) this returns once Kafka has acknowledged the record
+        (acks=all) and raises `PublishError` otherwise.
         """
         envelope = build_envelope(body, request_id=request_id, endpoint=endpoint, **options)
-        future = self.send(envelope)
+        future = self.send(envelope, lane)
         if flush:
             self.flush([(envelope.request_id, future)])
         return envelope.request_id
 
-    def submit_envelope(self, envelope: RequestEnvelope | Mapping[str, Any]) -> str:
+    def submit_envelope(
+        self, envelope: RequestEnvelope | Mapping[str, Any], lane: str | None = None
+    ) -> str:
         """Publish a ready-made envelope (validated again) and wait for the ack."""
         env = (
             validate_envelope(envelope.model_dump(mode="json", exclude_none=True))
@@ -265,14 +283,17 @@ class QBatchClient:
         )
         if env.submitted_at is None:
             env = env.model_copy(update={"submitted_at": now_utc()})
-        self.flush([(env.request_id, self.send(env))])
+        self.flush([(env.request_id, self.send(env, lane))])
         return env.request_id
 
-    def submit_many(self, requests: Iterable[Request | Mapping[str, Any]]) -> list[str]:
+    def submit_many(
+        self, requests: Iterable[Request | Mapping[str, Any]], lane: str | None = None
+    ) -> list[str]:
         """Validate all, then publish all with one flush; returns the request_ids in order.
 
-        Items are `Request`s or bare bodies. If any item is invalid, a ContractError is
-        raised (its message prefixed with `[index]`) and nothing is published.
+        Items are `Request`s or bare bodies, all on `lane` (default interactive). If any
+        item is invalid, a ContractError is raised (its message prefixed with `[index]`)
+        and nothing is published.
         """
         envelopes: list[RequestEnvelope] = []
         for index, item in enumerate(requests):
@@ -286,7 +307,8 @@ class QBatchClient:
         ids = [env.request_id for env in envelopes]
         if len(set(ids)) != len(ids):
             raise ContractError("request_ids must be unique within one call", param="request_id")
-        futures = [(env.request_id, self.send(env)) for env in envelopes]
+        self.topic_for(lane)  # an unknown lane fails before anything is sent
+        futures = [(env.request_id, self.send(env, lane)) for env in envelopes]
         self.flush(futures)
         return ids
 

@@ -29,6 +29,7 @@ from producer.jobs import (
 )
 from schemas import JobStatus, ResultEnvelope, Status
 from schemas.keys import StreamField
+from schemas.settings import BULK
 
 
 @dataclass(slots=True)
@@ -290,6 +291,7 @@ def retry_job(
     defaults: Defaults | None = None,
     chunk: int = DEFAULT_CHUNK,
     on_progress: Progress | None = None,
+    lane: str | None = BULK,
 ) -> RetryReport:
     """Resubmit the lines whose newest attempt failed or expired, as attempt k+1.
 
@@ -337,7 +339,7 @@ def retry_job(
         on_progress(0, len(todo))
     for start in range(0, len(todo), chunk):
         part = todo[start : start + chunk]
-        report.retried += publish_chunk(client, store, job_id, part)
+        report.retried += publish_chunk(client, store, job_id, part, lane)
         store.set_retry_line(job_id, part[-1].line)
         if on_progress:
             on_progress(start + len(part), len(todo))

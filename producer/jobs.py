@@ -34,6 +34,7 @@ from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope
 from schemas.limits import DEFAULT_RESULT_TTL_S
 from schemas.replies import ResultWriter
 from schemas.scripts import lua
+from schemas.settings import BULK
 
 DEFAULT_JOB_TTL_S = 7 * 86_400
 DEFAULT_CHUNK = 5_000
@@ -210,14 +211,20 @@ class SubmitReport:
         }
 
 
-def publish_chunk(client: QBatchClient, store: JobStore, job_id: str, lines: Sequence[Line]) -> int:
+def publish_chunk(
+    client: QBatchClient,
+    store: JobStore,
+    job_id: str,
+    lines: Sequence[Line],
+    lane: str | None = BULK,
+) -> int:
     """Publish the chunk's valid lines, wait for every ack, write its invalid lines' results."""
     stamp = now_utc()
     futures = []
     for line in lines:
         if line.envelope is not None:
             env = line.envelope.model_copy(update={"submitted_at": stamp})
-            futures.append((line.request_id, client.send(env)))
+            futures.append((line.request_id, client.send(env, lane)))
     client.flush(futures)
     ms = now_ms()
     store.write_results(
@@ -240,13 +247,15 @@ def submit_job(
     sha: str,
     chunk: int = DEFAULT_CHUNK,
     on_progress: Progress | None = None,
-    default_ttl_s: int | None = None,
+    lane: str | None = BULK,
 ) -> SubmitReport:
     """Publish a scanned file as job `job_id`, resuming where an earlier run stopped.
 
-    Lines are published in file order, `chunk` at a time; after each chunk is fully
-    acknowledged (acks=all) `submitted` is advanced. A run killed mid-chunk re-sends at
-    most that chunk; the worker's written-once rule makes the re-sent lines harmless.
+    Lines are published in file order, `chunk` at a time, to priority lane `lane` (bulk
+    by default, so a nightly job never queues ahead of interactive requests); after each
+    chunk is fully acknowledged (acks=all) `submitted` is advanced. A run killed
+    mid-chunk re-sends at most that chunk; the worker's written-once rule makes the
+    re-sent lines harmless.
     """
     started = time.monotonic()
     total = scan.total
@@ -268,7 +277,7 @@ def submit_job(
         if store.cancel_requested(job_id):
             break
         end = min(position + chunk, total)
-        report.published += publish_chunk(client, store, job_id, scan.lines[position:end])
+        report.published += publish_chunk(client, store, job_id, scan.lines[position:end], lane)
         store.set_submitted(job_id, end)
         position = end
         if on_progress:

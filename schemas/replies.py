@@ -67,18 +67,20 @@ class ResultWriter:
         now_ms: int,
         *,
         job_bookkeeping: bool = True,
+        encoded: Sequence[bytes] | None = None,
     ) -> list[WriteReply]:
         """Write (result, ttl_s) pairs once each; one reply per pair, in order.
 
         One script call for the whole chunk: packing one command with many arguments costs
         far less client CPU than one command per result. `job_bookkeeping=False` writes the
         results without touching their jobs' keys (for a job whose keys are broken).
+        `encoded`: the results' JSON when the caller has it already (one per result).
         """
         if not results:
             return []
         keys: list[str] = []
-        args: list[str | int] = [now_ms]
-        for result, ttl_s in results:
+        args: list[str | int | bytes] = [now_ms]
+        for i, (result, ttl_s) in enumerate(results):
             job = (result.job_id if job_bookkeeping else None) or ""
             rid = result.request_id
             keys += [
@@ -88,7 +90,7 @@ class ResultWriter:
                 self._keys.job_stream(job or "-"),
             ]
             args += [
-                result.model_dump_json(exclude_none=True),
+                encoded[i] if encoded is not None else result.model_dump_json(exclude_none=True),
                 ttl_s,
                 result.status.value,
                 rid,

@@ -26,6 +26,7 @@ from worker.batching import Batch, MicroBatcher
 from worker.commits import Committer
 from worker.config import WorkerSettings
 from worker.kafka_io import DeadLetters, RequestConsumer, time_in_kafka_s
+from worker.lanes import LaneGate, LaneLoad
 from worker.logs import log
 from worker.offsets import OffsetTracker
 from worker.records import Finished, Inbound, Reply
@@ -53,7 +54,6 @@ class Intake:
         pending_in_sinks: Callable[[], int],
         sinks_ok: Callable[[], bool],
         on_assigned: Callable[[int], None],
-        lane_of: Callable[[str], str],
         report_engine: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -68,7 +68,14 @@ class Intake:
         self._pending_in_sinks = pending_in_sinks
         self._sinks_ok = sinks_ok
         self._on_assigned_count = on_assigned
-        self._lane_of = lane_of
+        self.lanes = settings.lane_policies()
+        self.gate = LaneGate(
+            self.lanes, yield_above=settings.lane_yield_above, resume_ratio=settings.resume_ratio
+        )
+        self._lane_by_topic = {lane.topic: lane.name for lane in self.lanes}
+        self._topic_by_lane = {lane.name: lane.topic for lane in self.lanes}
+        self.lane_in_flight: dict[str, int] = dict.fromkeys(self._topic_by_lane, 0)
+        self._held: frozenset[str] = frozenset()
         self._report_engine = report_engine
         self.clock = clock
         self.tracker: OffsetTracker[TopicPartition] = OffsetTracker()
@@ -118,12 +125,16 @@ class Intake:
     def in_flight(self) -> int:
         return self.tracker.in_flight + self._pending_in_sinks()
 
+    def lane_of(self, topic: str) -> str:
+        return self._lane_by_topic.get(topic, self.lanes[0].name)
+
     def accept(self, record: Any, wall_ms: int) -> None:
         tp = TopicPartition(record.topic, record.partition)
         if not self.tracker.track(tp, record.offset):
             return
         self._positions[tp] = record.offset + 1
-        lane = self._lane_of(record.topic)
+        lane = self.lane_of(record.topic)
+        self.lane_in_flight[lane] += 1
         verdict = self.strikes.verdict(record.topic, record.partition, record.offset)
         if verdict is Verdict.quarantine:
             self.quarantine(record, tp, lane, wall_ms)
@@ -225,18 +236,22 @@ class Intake:
                 done = self.written_q.get_nowait()
             except queue.Empty:
                 return
-            for tp, offset in done:
-                self.tracker.done(tp, offset)
+            self._mark_done(done)
 
     def wait_written(self, timeout: float) -> None:
         try:
             first = self.written_q.get(timeout=timeout)
         except queue.Empty:
             return
-        for tp, offset in first:
-            self.tracker.done(tp, offset)
+        self._mark_done(first)
+
+    def _mark_done(self, done: Done) -> None:
+        for tp, offset in done:
+            if self.tracker.done(tp, offset):
+                self.lane_in_flight[self.lane_of(tp.topic)] -= 1
 
     def maybe_commit(self, force: bool = False) -> None:
+        self._committed(self.committer.completed())
         now = self.clock()
         if not force and (now - self._last_commit) * 1000 < self.settings.commit_interval_ms:
             return
@@ -247,6 +262,10 @@ class Intake:
 
     def commit(self, offsets: dict[TopicPartition, int], *, blocking: bool = True) -> None:
         if self.committer.commit(offsets, blocking=blocking):
+            self._committed([offsets])
+
+    def _committed(self, done: list[Any]) -> None:
+        for offsets in done:
             self.tracker.mark_committed(offsets)
             metrics.COMMITS.inc()
 
@@ -265,6 +284,30 @@ class Intake:
             self.consumer.resume()
             metrics.PAUSED.set(0)
             log.info("fetch_resumed", in_flight=in_flight)
+        self.apply_lanes()
+
+    def lane_loads(self) -> dict[str, LaneLoad]:
+        waiting = dict.fromkeys(self._topic_by_lane, 0)
+        for tp, lag in self.consumer.lag(self._positions).items():
+            waiting[self.lane_of(tp.topic)] += lag
+        return {
+            name: LaneLoad(self.lane_in_flight[name], waiting[name]) for name in self._topic_by_lane
+        }
+
+    def apply_lanes(self) -> None:
+        """Hold back the lanes the rule says must yield (worker.lanes)."""
+        if len(self.lanes) < 2:
+            return
+        loads = self.lane_loads()
+        held = self.gate.paused(loads)
+        if held != self._held:
+            self._held = held
+            self.consumer.hold_topics(frozenset(self._topic_by_lane[name] for name in held))
+            log.debug("lanes_held", lanes=sorted(held))
+        for name, load in loads.items():
+            metrics.LANE_IN_FLIGHT.labels(name).set(load.in_flight)
+            metrics.LANE_WAITING.labels(name).set(load.waiting)
+            metrics.LANE_HELD.labels(name).set(1 if name in held else 0)
 
     def maybe_report_lag(self) -> None:
         now = self.clock()
@@ -272,7 +315,7 @@ class Intake:
             return
         self._last_lag = now
         for tp, lag in self.consumer.lag(self._positions).items():
-            metrics.CONSUMER_LAG.labels(str(tp.partition)).set(lag)
+            metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(lag)
         self._report_engine()
 
     # ------------------------------------------------------------------ rebalance
@@ -286,6 +329,7 @@ class Intake:
             if tp in rewind:
                 self.consumer.seek(tp, rewind[tp])
         self.tracker.assign(assigned)
+        self.committer.assigned(assigned)
         self.consumer.reapply_pause(assigned)
         self._on_assigned_count(len(self.consumer.assignment()))
         log.info("partitions_assigned", partitions=sorted(tp.partition for tp in assigned))
@@ -298,11 +342,13 @@ class Intake:
             offset = self.tracker.resume_offset(tp)
             if offset is not None:
                 self._rewind[tp] = offset
+        for tp in revoked:
+            self.lane_in_flight[self.lane_of(tp.topic)] -= self.tracker.in_flight_for(tp)
         final = self.tracker.revoke(revoked)
         for tp in revoked:
             self._positions.pop(tp, None)
             with contextlib.suppress(KeyError):
-                metrics.CONSUMER_LAG.remove(str(tp.partition))
+                metrics.CONSUMER_LAG.remove(tp.topic, str(tp.partition))
         if final:
             self.commit(final, blocking=False)
         self.committer.revoked(revoked)
@@ -333,7 +379,9 @@ class Intake:
             self.maybe_commit()
             self.consumer.poll(0, 1)  # keep the group membership alive while draining
         self.absorb_written()
-        self.maybe_commit(force=True)
+        self._committed(self.committer.settle(timeout_s=30))
+        self.maybe_commit(force=True)  # a transactional commit runs in the background:
+        self._committed(self.committer.settle(timeout_s=30))  # ... wait for it
         clean = self.tracker.in_flight == 0
         if not clean:
             log.warning("drain_incomplete_handing_back", in_flight=self.tracker.in_flight)

@@ -81,6 +81,10 @@ class RequestConsumer:
         self._settings = settings
         self._listener: _Listener | None = None
         self._paused = False
+        """Every partition paused (backpressure, a sink down, draining)."""
+        self._held_topics: frozenset[str] = frozenset()
+        """Topics whose partitions are paused on their own (lanes yielding, at their cap)."""
+        self.topics = [lane.topic for lane in settings.lane_policies()]
         self.recreated = 0  # consumers replaced by the stall watchdog (see _check_stall)
         self._stall_s = settings.kafka_stall_timeout_s
         self._stall_limit = self._stall_s
@@ -144,16 +148,17 @@ class RequestConsumer:
         self._subscribe()
 
     def _subscribe(self) -> None:
-        topic = self._settings.topic
-        self._consumer.subscribe([topic], listener=self._listener)
+        self._consumer.subscribe(self.topics, listener=self._listener)
         self._note_reachable(self._brokers_reachable())
         deadline = time.monotonic() + 30
-        while (
-            not self._consumer.partitions_for_topic(topic)
-            and time.monotonic() < deadline
-            and not self._stopping()
-        ):
+
+        def missing() -> list[str]:
+            return [t for t in self.topics if not self._consumer.partitions_for_topic(t)]
+
+        while missing() and time.monotonic() < deadline and not self._stopping():
             time.sleep(0.2)  # topic not created yet: go on after 30 s (rebalance later)
+        if missing():
+            log.warning("lane_topics_missing", topics=missing())
 
     def poll(self, timeout_s: float, max_records: int) -> list[Any]:
         start = time.monotonic()
@@ -202,8 +207,8 @@ class RequestConsumer:
 
     def _check_stall(self, now: float) -> None:
         assigned = self.assignment()
-        if not assigned or self._paused:
-            self._reset_watch(now)
+        if not assigned or self._paused or all(tp.topic in self._held_topics for tp in assigned):
+            self._reset_watch(now)  # nothing is meant to be fetched now
             return
         reasons: list[str] = []
         if now - self._last_fetch_ok > self._stall_limit:
@@ -289,19 +294,33 @@ class RequestConsumer:
         return self._paused
 
     def pause(self) -> None:
-        assigned = self.assignment()
-        if assigned:
-            self._consumer.pause(*assigned)
+        """Pause every partition (backpressure); `resume` undoes it."""
         self._paused = True
+        self._apply_pauses()
 
     def resume(self) -> None:
-        resume_partitions(self._consumer, *self._consumer.paused())
         self._paused = False
+        self._apply_pauses()
+
+    def hold_topics(self, topics: frozenset[str]) -> None:
+        """Keep exactly these topics' partitions paused (lanes), besides a global pause."""
+        if topics != self._held_topics:
+            self._held_topics = topics
+            self._apply_pauses()
 
     def reapply_pause(self, assigned: set[TopicPartition]) -> None:
         """A rebalance hands out partitions unpaused; keep them paused while we are."""
-        if self._paused and assigned:
-            self._consumer.pause(*assigned)
+        if assigned:
+            self._apply_pauses()
+
+    def _apply_pauses(self) -> None:
+        assigned = self.assignment()
+        want = {tp for tp in assigned if self._paused or tp.topic in self._held_topics}
+        now = set(self._consumer.paused())
+        if want - now:
+            self._consumer.pause(*(want - now))
+        if now - want:
+            resume_partitions(self._consumer, *(now - want))
 
     @retry(
         retry=retry_if_exception_type(KafkaError)

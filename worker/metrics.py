@@ -109,8 +109,8 @@ PENDING_WRITES = Gauge(
 )
 CONSUMER_LAG = Gauge(
     "qbatch_consumer_lag",
-    "Records behind the log end, per assigned partition.",
-    ["partition"],
+    "Records behind the log end, per assigned partition (topic: the lane's topic).",
+    ["topic", "partition"],
     registry=REGISTRY,
 )
 PAUSED = Gauge(
@@ -166,5 +166,30 @@ THREAD_FAULTS = Counter(
 QUARANTINED = Counter(
     "qbatch_quarantined_records_total",
     "Records not run because workers stopped twice while handling them (dead-lettered).",
+    registry=REGISTRY,
+)
+LANE_IN_FLIGHT = Gauge(
+    "qbatch_lane_in_flight_requests",
+    "Records of a priority lane taken from Kafka whose result is not yet written.",
+    ["lane"],
+    registry=REGISTRY,
+)
+LANE_WAITING = Gauge(
+    "qbatch_lane_waiting_records",
+    "Records of a priority lane in Kafka not yet taken (lag over its assigned partitions).",
+    ["lane"],
+    registry=REGISTRY,
+)
+LANE_HELD = Gauge(
+    "qbatch_lane_held",
+    "1 while a lane's partitions are held back (yielding to a better lane, or at its cap).",
+    ["lane"],
+    registry=REGISTRY,
+)
+LANE_LATENCY = Histogram(
+    "qbatch_lane_end_to_end_latency_seconds",
+    "Producer submit until the result is written, per priority lane.",
+    ["lane"],
+    buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )

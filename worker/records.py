@@ -67,6 +67,17 @@ class Reply:
     answered: str | None = None
     stored: bytes | None = None
     isolate: bool = False
+    _encoded: tuple[int, bytes] | None = None
+
+    def encoded(self) -> bytes:
+        """The result's JSON, made once for every sink (and again only if the result is
+        replaced, e.g. by a duplicate-id answer)."""
+        assert self.result is not None
+        cached = self._encoded
+        if cached is None or cached[0] != id(self.result):
+            cached = (id(self.result), self.result.model_dump_json(exclude_none=True).encode())
+            self._encoded = cached
+        return cached[1]
 
 
 __all__ = ["Finished", "Inbound", "Reply", "Running"]

@@ -102,7 +102,6 @@ class Worker:
             pending_in_sinks=lambda: sum(s.pending() for s in self.sinks),
             sinks_ok=lambda: self.health.ok,
             on_assigned=self._set_assigned,
-            lane_of=lambda topic: "interactive",
             report_engine=self._report_engine,
         )
         self.dispatcher = Dispatcher(
@@ -113,7 +112,7 @@ class Worker:
             results_q,
             worker_id=settings.worker_id,
             worker_info=self._worker_info,
-            lane_rank=lambda lane: 0,
+            lane_rank={lane.name: lane.rank for lane in settings.lane_policies()}.__getitem__,
             stopping=self._stop,
             health=self.health,
             dead_letter=lambda item, error: self.intake.dead_letter(item.record, error),
@@ -222,6 +221,7 @@ class Worker:
         for thread in self._threads:
             thread.join(timeout=10)
         for closer in (
+            self.intake.committer.close,
             self.consumer.close,
             *(s.close for s in self.sinks),
             *([self.dead_letters.close] if self.dead_letters else []),

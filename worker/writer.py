@@ -174,7 +174,7 @@ class Writer:
                 if reply.answered is not None:
                     again.append(reply)  # answered before: others get the stored result
             elif verdict.status is WriteStatus.written:
-                _observe(result, now_ms)
+                _observe(result, now_ms, reply.lane)
             elif verdict.status is WriteStatus.existed:
                 metrics.DUPLICATES_SKIPPED.inc()
                 reply.result, reply.answered = None, result.request_id  # first answer stands
@@ -209,7 +209,7 @@ class Writer:
         except SinkRefused as exc:
             verdict = WriteReply(WriteStatus.wrong_type, str(exc))
         if verdict.status is WriteStatus.written:
-            _observe(result, now_ms)
+            _observe(result, now_ms, reply.lane)
         elif verdict.status is WriteStatus.wrong_type:
             self._dead_letter(reply, f"duplicate request_id, and {verdict.detail}")
 
@@ -252,7 +252,7 @@ class Writer:
         except SinkRefused:
             verdict = WriteReply(WriteStatus.wrong_type)
         if verdict.status is WriteStatus.written:
-            _observe(failed, now_ms)
+            _observe(failed, now_ms, reply.lane)
         else:
             reply.result = None  # nowhere to put it: the dead letter is its only trace
 
@@ -309,7 +309,7 @@ class Writer:
             return value
 
 
-def _observe(result: ResultEnvelope, now_ms: int) -> None:
+def _observe(result: ResultEnvelope, now_ms: int, lane: str | None = None) -> None:
     code = result.error.code.value if result.error else ""
     metrics.REQUESTS.labels(result.status.value, code).inc()
     t = result.timings
@@ -318,7 +318,10 @@ def _observe(result: ResultEnvelope, now_ms: int) -> None:
     if t.inference_ms is not None:
         metrics.INFERENCE_LATENCY.observe(t.inference_ms / 1000)
     if t.submitted is not None:
-        metrics.E2E_LATENCY.observe(max(0, now_ms - t.submitted) / 1000)
+        e2e = max(0, now_ms - t.submitted) / 1000
+        metrics.E2E_LATENCY.observe(e2e)
+        if lane is not None:
+            metrics.LANE_LATENCY.labels(lane).observe(e2e)
 
 
 def _epoch_ms() -> int:

@@ -2,8 +2,8 @@
 # Local single-node Kafka (KRaft, from Maven Central jars) + Redis for qbatch.
 #
 #   deploy/local/stack.sh up [--quiet]   start (idempotent), wait healthy, create topics
-#                                        (requests, DLQ, and qbatch.results for workers that
-#                                        opt in with --results-topic),
+#                                        (both lanes' requests topics, DLQ, and qbatch.results
+#                                        for workers that opt in with --results-topic),
 #                                        print `export QBATCH_...=...` lines on stdout
 #   deploy/local/stack.sh status         pids/ports/health; exit 0 if both up, 3 otherwise
 #   deploy/local/stack.sh down [--wipe]  stop what `up` started (pid files); --wipe drops data
@@ -32,6 +32,7 @@ CTRL_PORT="${QBATCH_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}"
 REDIS_PORT="${QBATCH_REDIS_PORT:-6379}"
 REDIS_DB="${QBATCH_REDIS_DB:-0}"
 TOPIC="${QBATCH_TOPIC:-qbatch.requests}"
+BULK_TOPIC="${QBATCH_BULK_TOPIC:-qbatch.requests.bulk}" # the bulk priority lane
 PARTITIONS="${QBATCH_PARTITIONS:-8}"
 DLQ_TOPIC="${QBATCH_DLQ_TOPIC:-qbatch.requests.dlq}"
 DLQ_PARTITIONS="${QBATCH_DLQ_PARTITIONS:-1}"
@@ -368,12 +369,14 @@ ensure_topics() {
   local py
   if py="$(pick_python)"; then
     kafka_ctl "$py" topics --bootstrap "$BOOTSTRAP" --timeout 30 \
-      "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" "$RESULTS_TOPIC:$RESULTS_PARTITIONS" \
+      "$TOPIC:$PARTITIONS" "$BULK_TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" \
+      "$RESULTS_TOPIC:$RESULTS_PARTITIONS" \
       2>&1 | sed 's/^/stack: /' >&2
     return "${PIPESTATUS[0]}"
   fi
   local t p
-  for t in "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" "$RESULTS_TOPIC:$RESULTS_PARTITIONS"; do
+  for t in "$TOPIC:$PARTITIONS" "$BULK_TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" \
+    "$RESULTS_TOPIC:$RESULTS_PARTITIONS"; do
     p="${t##*:}"
     t="${t%:*}"
     java_cp org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --create \
@@ -387,6 +390,7 @@ print_env() {
 export QBATCH_KAFKA_BOOTSTRAP=$BOOTSTRAP
 export QBATCH_REDIS_URL=$REDIS_URL
 export QBATCH_TOPIC=$TOPIC
+export QBATCH_BULK_TOPIC=$BULK_TOPIC
 export QBATCH_DLQ_TOPIC=$DLQ_TOPIC
 EOF
   if sasl_on; then

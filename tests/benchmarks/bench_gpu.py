@@ -282,10 +282,11 @@ def _redis() -> Any:
 
 
 def _create_topic(topic: str) -> None:
+    """A run's requests topic and its bulk lane's (the worker subscribes to both)."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
     admin = KafkaAdminClient(bootstrap_servers=_bootstrap())
-    admin.create_topics([NewTopic(topic, 8, 1)])
+    admin.create_topics([NewTopic(topic, 8, 1), NewTopic(f"{topic}.bulk", 8, 1)])
     admin.close()
 
 
@@ -299,6 +300,7 @@ def _start_worker(engine: Any, run: str, **worker_settings: Any) -> tuple[Any, t
         engine="vllm",
         model=str(MODEL_DIR),
         topic=topic,
+        bulk_topic=f"{topic}.bulk",
         dlq_topic=f"{topic}.dlq",
         group=f"{run}-workers",
         prefix=run,

@@ -57,13 +57,20 @@ def pipeline() -> Iterator[dict[str, Any]]:
         max_model_len=4096,
         gpu_memory_utilization=float(os.environ.get("QBATCH_GPU_MEMORY_UTILIZATION", "0.9")),
         topic=f"{run}.requests",
+        bulk_topic=f"{run}.requests.bulk",
         dlq_topic=f"{run}.dlq",
         group=f"{run}-w",
         prefix=run,
         metrics_port=0,
     )
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    admin.create_topics([NewTopic(settings.topic, 4, 1), NewTopic(settings.dlq_topic, 1, 1)])
+    admin.create_topics(
+        [
+            NewTopic(settings.topic, 4, 1),
+            NewTopic(settings.bulk_topic, 4, 1),
+            NewTopic(settings.dlq_topic, 1, 1),
+        ]
+    )
     admin.close()
     engine = VllmEngine.from_settings(settings)
     engine.start()

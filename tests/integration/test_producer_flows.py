@@ -61,6 +61,7 @@ def client_for(lane: Lane) -> QBatchClient:
         bootstrap=lane.bootstrap,
         redis_url=lane.redis_url,
         topic=lane.topic,
+        bulk_topic=lane.bulk_topic,
         prefix=lane.prefix,
     )
 
@@ -91,12 +92,17 @@ def job_hash(lane: Lane, job: str) -> dict[str, str]:
         r.close()
 
 
-def topic_records(lane: Lane) -> int:
+def topic_records(lane: Lane, *topics: str) -> int:
+    """Records published to `topics` (default: both lanes' requests topics)."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=lane.bootstrap.split(","))
     try:
-        parts = [TopicPartition(lane.topic, p) for p in consumer.partitions_for_topic(lane.topic)]
+        parts = [
+            TopicPartition(topic, p)
+            for topic in topics or (lane.topic, lane.bulk_topic)
+            for p in consumer.partitions_for_topic(topic)
+        ]
         return sum(consumer.end_offsets(parts).values())
     finally:
         consumer.close()
@@ -182,6 +188,8 @@ def test_bulk_run_10000_lines(lane: Lane, tmp_path: Path, worker_log: Path) -> N
     assert again.returncode == 0, again.stderr
     assert len(read_jsonl(out)) == 10_000
     assert topic_records(lane) == 10_000
+    # a bulk job travels on the bulk lane: nothing of it is queued ahead of interactive work
+    assert topic_records(lane, lane.bulk_topic) == 10_000
 
 
 def test_killed_submit_resumes_without_duplicates(

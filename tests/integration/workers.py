@@ -60,6 +60,11 @@ class Lane:
     prefix: str
     bootstrap: str = BOOTSTRAP
     redis_url: str = REDIS_URL
+    bulk_topic: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.bulk_topic:
+            self.bulk_topic = f"{self.topic}.bulk"
 
     @classmethod
     def new(cls, name: str = "qbp") -> Lane:
@@ -77,6 +82,7 @@ class Lane:
             QBATCH_KAFKA_BOOTSTRAP=self.bootstrap,
             QBATCH_REDIS_URL=self.redis_url,
             QBATCH_TOPIC=self.topic,
+            QBATCH_BULK_TOPIC=self.bulk_topic,
             QBATCH_DLQ_TOPIC=self.dlq_topic,
             QBATCH_GROUP=self.group,
             QBATCH_PREFIX=self.prefix,
@@ -92,16 +98,19 @@ class Lane:
             self.redis_url,
             "--topic",
             self.topic,
+            "--bulk-topic",
+            self.bulk_topic,
             "--prefix",
             self.prefix,
         ]
 
     def create_topics(self, partitions: int = 8) -> None:
         create_topic(self.topic, partitions, self.bootstrap)
+        create_topic(self.bulk_topic, partitions, self.bootstrap)
         create_topic(self.dlq_topic, 1, self.bootstrap)
 
     def delete_topics(self) -> None:
-        delete_topics([self.topic, self.dlq_topic], self.bootstrap)
+        delete_topics([self.topic, self.bulk_topic, self.dlq_topic], self.bootstrap)
 
     def clean_redis(self) -> None:
         import redis

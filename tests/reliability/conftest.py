@@ -89,8 +89,10 @@ def encode(envelope: dict[str, Any]) -> tuple[bytes, bytes]:
 def produce(
     lane: Lane,
     records: Sequence[tuple[bytes | None, bytes]],
+    topic: str | None = None,
     **kafka_kwargs: Any,
 ) -> None:
+    """Send `records` to `topic` (default: the lane's interactive topic) and flush."""
     producer = KafkaProducer(
         bootstrap_servers=lane.bootstrap,
         linger_ms=20,
@@ -101,14 +103,16 @@ def produce(
     )
     try:
         for key, value in records:
-            producer.send(lane.topic, key=key, value=value)
+            producer.send(topic or lane.topic, key=key, value=value)
         producer.flush(timeout=120)
     finally:
         producer.close()
 
 
-def produce_envelopes(lane: Lane, envelopes: Sequence[dict[str, Any]]) -> None:
-    produce(lane, [encode(e) for e in envelopes])
+def produce_envelopes(
+    lane: Lane, envelopes: Sequence[dict[str, Any]], topic: str | None = None
+) -> None:
+    produce(lane, [encode(e) for e in envelopes], topic)
 
 
 def fetch_results(r: redis.Redis, prefix: str, rids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -344,11 +348,12 @@ class EnvLane(Lane):
             admin.create_topics(
                 {
                     self.topic: {"num_partitions": partitions, "replication_factor": 1},
+                    self.bulk_topic: {"num_partitions": partitions, "replication_factor": 1},
                     self.dlq_topic: {"num_partitions": 1, "replication_factor": 1},
                 },
                 timeout_ms=30_000,
             )
-            admin.wait_for_topics([self.topic, self.dlq_topic], timeout_ms=30_000)
+            admin.wait_for_topics([self.topic, self.bulk_topic, self.dlq_topic], timeout_ms=30_000)
         finally:
             admin.close()
 

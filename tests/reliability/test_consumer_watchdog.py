@@ -33,6 +33,7 @@ def test_stalled_consumer_is_replaced(lane: EnvLane) -> None:
         engine="echo",
         kafka_bootstrap=lane.bootstrap,
         topic=lane.topic,
+        bulk_topic=lane.bulk_topic,
         group=lane.group,
         kafka_stall_timeout_s=3,
     )

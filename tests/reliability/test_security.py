@@ -154,6 +154,7 @@ def test_kafka_sasl_round_trip_and_wrong_password(spawn: Any, tmp_path: Path) ->
         creds = {k: v for k, v in env.items() if k.startswith("QBATCH_KAFKA_S")}
         lane = make_lane("qbsasl", ps.bootstrap, ps.redis_url, **creds)
         lane.topic, lane.dlq_topic = env["QBATCH_TOPIC"], env["QBATCH_DLQ_TOPIC"]
+        lane.bulk_topic = env["QBATCH_BULK_TOPIC"]
         settings = ConnectionSettings(
             kafka_bootstrap=ps.bootstrap,
             redis_url=ps.redis_url,

@@ -417,7 +417,9 @@ def _check_worker_objects(
     (trigger,) = scaled["spec"]["triggers"]
     meta = trigger["metadata"]
     assert trigger["type"] == "kafka"
-    assert meta["topic"] == env["QBATCH_TOPIC"]
+    # total lag over every lane the group consumes (interactive + bulk): no single topic
+    assert "topic" not in meta
+    assert env["QBATCH_BULK_TOPIC"] != env["QBATCH_TOPIC"]
     assert meta["consumerGroup"] == env["QBATCH_GROUP"]
     assert meta["bootstrapServers"] == env["QBATCH_KAFKA_BOOTSTRAP"]
     assert meta["allowIdleConsumers"] == "false"
@@ -678,8 +680,15 @@ def test_compose_kafka_and_topic_init() -> None:
     assert init["image"] == kafka["image"]
     assert init["depends_on"]["kafka"]["condition"] == "service_healthy"
     script = "\n".join(init["command"])
-    assert script.count("--create --if-not-exists") == 2
-    assert "$$QBATCH_TOPIC" in script and "$$QBATCH_DLQ_TOPIC" in script
+    assert script.count("--create --if-not-exists") == 2  # the lanes' loop and the DLQ
+    for name in (
+        "QBATCH_TOPIC",
+        "QBATCH_BULK_TOPIC",
+        "QBATCH_RESULTS_TOPIC_NAME",
+        "QBATCH_DLQ_TOPIC",
+    ):
+        assert f"$${name}" in script
+    assert _interp_default(init["environment"]["QBATCH_BULK_TOPIC"]) == "qbatch.requests.bulk"
     assert _interp_default(init["environment"]["QBATCH_TOPIC"]) == "qbatch.requests"
     assert _interp_default(init["environment"]["QBATCH_DLQ_TOPIC"]) == "qbatch.requests.dlq"
     assert int(_interp_default(init["environment"]["QBATCH_PARTITIONS"])) >= 2

@@ -69,8 +69,7 @@ def _record(reply: Reply) -> Record | None:
         headers = [(STATUS_HEADER, result.status.value.encode())]
         if result.job_id:
             headers.append((JOB_HEADER, result.job_id.encode()))
-        value = result.model_dump_json(exclude_none=True).encode("utf-8")
-        return result.request_id.encode("utf-8"), value, headers
+        return result.request_id.encode("utf-8"), reply.encoded(), headers
     if reply.stored is not None and reply.answered is not None:
         return reply.answered.encode("utf-8"), reply.stored, _stored_headers(reply.stored)
     return None
@@ -130,6 +129,8 @@ class KafkaResultsSink(ReplySink):
         self._lock = threading.Lock()
         self._buffer: dict[TopicPartition, dict[int, Record]] = {}
         self._buffered = 0
+        self._dropped: set[TopicPartition] = set()
+        """Revoked partitions: a failed transaction's results for them are not put back."""
 
     # ------------------------------------------------------------------ writer thread
 
@@ -191,6 +192,11 @@ class KafkaResultsSink(ReplySink):
         with self._lock:
             for tp in partitions:
                 self._buffered -= len(self._buffer.pop(tp, {}))
+                self._dropped.add(tp)
+
+    def owned(self, partitions: Iterable[TopicPartition]) -> None:
+        with self._lock:
+            self._dropped.difference_update(partitions)
 
     def commit_transaction(self, offsets: Mapping[TopicPartition, int], group: Any) -> bool:
         """Publish the buffered results below `offsets` and commit the offsets, atomically.
@@ -242,6 +248,8 @@ class KafkaResultsSink(ReplySink):
     def _put_back(self, taken: Held) -> None:
         with self._lock:
             for tp, mine in taken.items():
+                if tp in self._dropped:
+                    continue  # revoked while the transaction ran: the new owner has them
                 part = self._buffer.setdefault(tp, {})
                 for off, rec in mine.items():
                     if off not in part:

@@ -131,9 +131,15 @@ class RedisSink(ReplySink):
     def write(
         self, replies: Sequence[Reply], now_ms: int, *, job_bookkeeping: bool = True
     ) -> list[WriteReply]:
-        pairs = [(r.result, r.ttl_s) for r in replies if r.result is not None]
+        with_results = [r for r in replies if r.result is not None]
+        pairs = [(r.result, r.ttl_s) for r in with_results if r.result is not None]
+        encoded = [r.encoded() for r in with_results]
         written = iter(
-            call(lambda: self._writer.write(pairs, now_ms, job_bookkeeping=job_bookkeeping))
+            call(
+                lambda: self._writer.write(
+                    pairs, now_ms, job_bookkeeping=job_bookkeeping, encoded=encoded
+                )
+            )
         )
         existed = WriteReply(WriteStatus.existed)
         return [next(written) if r.result is not None else existed for r in replies]
