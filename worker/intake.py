@@ -332,7 +332,7 @@ class Intake:
         self.committer.assigned(assigned)
         self.consumer.reapply_pause(assigned)
         self._on_assigned_count(len(self.consumer.assignment()))
-        log.info("partitions_assigned", partitions=sorted(tp.partition for tp in assigned))
+        log.info("partitions_assigned", partitions=_names(assigned))
 
     def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Commit what is done; what is not will be redelivered to the new owner."""
@@ -355,7 +355,7 @@ class Intake:
         self._on_assigned_count(max(0, len(self.consumer.assignment()) - len(revoked)))
         log.info(
             "partitions_revoked",
-            partitions=sorted(tp.partition for tp in revoked),
+            partitions=_names(revoked),
             undispatched_handed_back=len(dropped),
         )
 
@@ -386,6 +386,10 @@ class Intake:
         if not clean:
             log.warning("drain_incomplete_handing_back", in_flight=self.tracker.in_flight)
         return clean
+
+
+def _names(partitions: set[TopicPartition]) -> list[str]:
+    return sorted(f"{tp.topic}/{tp.partition}" for tp in partitions)
 
 
 def _epoch_ms() -> int:

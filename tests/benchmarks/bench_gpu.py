@@ -829,10 +829,116 @@ def report(out: Path) -> None:
     fig.savefig(out / "throughput.png", dpi=120)
 
 
+def _interactive_loop(
+    run: str, topic: str, count: int | None, every_s: float, stop: threading.Event, tag: str
+) -> list[float]:
+    """Interactive requests (256-token prompt, 64 tokens out) one at a time, every
+    `every_s`, on the interactive topic; seconds from send to result, each."""
+    from kafka import KafkaProducer
+
+    rng = random.Random(7)
+    r = _redis()
+    producer = KafkaProducer(bootstrap_servers=_bootstrap(), linger_ms=0, acks=1)
+    out: list[float] = []
+    i = 0
+    try:
+        while not stop.is_set() and (count is None or i < count):
+            req = Req(f"{tag}{i:04d}", [rng.randrange(100, VOCAB_TOP) for _ in range(256)], 64)
+            t0 = time.monotonic()
+            producer.send(topic, key=req.rid.encode(), value=json.dumps(_envelope(req, i)).encode())
+            producer.flush()
+            r.blpop([f"{run}:done:{req.rid}"], timeout=600)
+            out.append(time.monotonic() - t0)
+            i += 1
+            stop.wait(max(0.0, every_s - (time.monotonic() - t0)))
+    finally:
+        producer.close()
+    return out
+
+
+def phase_lanes(out: Path, n: int, dry: bool, warmup: int, every_s: float) -> None:
+    """Priority lanes on the GPU: interactive latency idle and under a bulk backlog of W,
+    and W's throughput alone and with 1 interactive req/s, with one worker throughout."""
+    from kafka import KafkaProducer
+
+    engine = make_engine("continuous", dry)
+    t0 = time.perf_counter()
+    engine.start()
+    doc: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1), "warmup": warmup}
+    warm_up(engine, warmup, "continuous")
+    run = f"lanes-{uuid.uuid4().hex[:6]}"
+    topic = f"bench.{run}"
+    _create_topic(topic)
+    r = _redis()
+    worker, thread = _start_worker(engine, run, batch_max_size=64, batch_max_wait_ms=50)
+    time.sleep(5)  # group join
+    _interactive_loop(run, topic, 3, 0.5, threading.Event(), "warm")
+    doc["idle_s"] = _interactive_loop(run, topic, 15, every_s, threading.Event(), "idle")
+
+    def backlog(job: str, with_interactive: bool) -> dict[str, Any]:
+        reqs = [Req(f"{job}-{q.rid}", q.prompt, q.max_tokens) for q in workload(n, seed=11)]
+        r.hset(f"{run}:job:{job}", mapping={"total": len(reqs), "status": "running"})
+        producer = KafkaProducer(bootstrap_servers=_bootstrap(), linger_ms=20, acks="all")
+        for i, req in enumerate(reqs):
+            env = _envelope(req, i, job) | {"priority": 10}
+            producer.send(f"{topic}.bulk", key=req.rid.encode(), value=json.dumps(env).encode())
+        producer.flush()
+        producer.close()
+        reset_prefix_cache(engine)
+        stop = threading.Event()
+        latencies: list[float] = []
+        live = threading.Thread(
+            target=lambda: latencies.extend(
+                _interactive_loop(run, topic, None, every_s, stop, f"live-{job}-")
+            ),
+            daemon=True,
+        )
+        while not r.exists(f"{run}:result:{reqs[0].rid}") and not r.hget(
+            f"{run}:job:{job}", "succeeded"
+        ):
+            time.sleep(0.05)
+        if with_interactive:
+            live.start()
+        while int(r.hget(f"{run}:job:{job}", "succeeded") or 0) < len(reqs):
+            time.sleep(0.05)
+        stop.set()
+        if with_interactive:
+            live.join(600)
+        results = [json.loads(x) for x in r.mget([f"{run}:result:{q.rid}" for q in reqs])]
+        first = min(x["timings"]["dequeued"] for x in results)
+        last = max(x["timings"]["finished"] for x in results)
+        tokens = sum(x["response"]["usage"]["completion_tokens"] for x in results)
+        return {
+            "n": len(reqs),
+            "req_per_s": round(len(reqs) / ((last - first) / 1000), 3),
+            "out_tok_per_s": round(tokens / ((last - first) / 1000), 1),
+            "interactive_s": [round(x, 3) for x in latencies],
+        }
+
+    doc["bulk_alone"] = backlog("jb1", with_interactive=False)
+    _write_json(out / "lanes.json", doc)
+    doc["bulk_with_interactive"] = backlog("jb2", with_interactive=True)
+    worker.request_stop()
+    thread.join(timeout=120)
+    idle, mixed = doc["idle_s"], doc["bulk_with_interactive"]["interactive_s"]
+    doc["summary"] = {
+        "interactive_idle": percentiles(idle),
+        "interactive_under_backlog": percentiles(mixed) if mixed else {},
+        "p99_ratio": round(percentiles(mixed)["p99"] / percentiles(idle)["p99"], 3)
+        if mixed
+        else None,
+        "bulk_ratio_with_interactive": round(
+            doc["bulk_with_interactive"]["req_per_s"] / doc["bulk_alone"]["req_per_s"], 3
+        ),
+    }
+    print(json.dumps(doc["summary"]), flush=True)
+    _write_json(out / "lanes.json", doc)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Workload W: raw vLLM vs qbatch")
     parser.add_argument(
-        "phase", choices=["full", "static", "continuous", "knobs", "knob", "report"]
+        "phase", choices=["full", "static", "continuous", "knobs", "knob", "lanes", "report"]
     )
     parser.add_argument("knob", nargs="?", help="knob: the configuration to run (internal)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
@@ -844,6 +950,9 @@ def main() -> None:
         "--warmup", type=int, default=0, help="untimed requests through each engine first"
     )
     parser.add_argument("--lone", type=int, default=20, help="lone requests per wait; 0 = skip")
+    parser.add_argument(
+        "--every-s", type=float, default=1.0, help="lanes: seconds between interactive requests"
+    )
     parser.add_argument(
         "--configs", default=",".join(KNOBS), help=f"knobs to run, of {', '.join(KNOBS)}"
     )
@@ -872,7 +981,9 @@ def main() -> None:
             parser.error(f"unknown knob configs: {sorted(unknown)}")
         phase_knobs(args.out, names, dry, args.budget_s)
         return
-    if args.phase == "static":
+    if args.phase == "lanes":
+        phase_lanes(args.out, args.n, dry, args.warmup, args.every_s)
+    elif args.phase == "static":
         phase_static(args.out, args.n, dry, args.b64, args.b16, args.warmup)
     elif args.phase == "continuous":
         phase_continuous(args.out, args.n, args.sweep, args.lone, dry, args.warmup)
