@@ -19,10 +19,9 @@ from datetime import UTC, datetime
 from schemas import ContractError, ErrorCode, ErrorInfo, Status, WorkerInfo
 from schemas.ref import RequestRef
 from worker import failpoints, metrics
-from worker.batching import Batch
 from worker.engines.base import Engine, EngineOutput, EngineRequest
 from worker.logs import log
-from worker.records import Finished, Inbound, Reply, Running
+from worker.records import DispatchQueue, Finished, Inbound, Reply, Running
 from worker.rendering import PromptRenderer
 from worker.results import refused_result
 from worker.sinks.base import (
@@ -46,7 +45,7 @@ class Dispatcher:
         engine: Engine,
         renderer: Callable[[], PromptRenderer],
         store: ReplySink | None,
-        inbox: queue.Queue[Batch[Inbound] | None],
+        inbox: DispatchQueue,
         outbox: queue.SimpleQueue[Reply | Finished | None],
         *,
         worker_id: str,

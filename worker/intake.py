@@ -29,7 +29,7 @@ from worker.kafka_io import DeadLetters, RequestConsumer, time_in_kafka_s
 from worker.lanes import LaneGate, LaneLoad
 from worker.logs import log
 from worker.offsets import OffsetTracker
-from worker.records import Finished, Inbound, Reply
+from worker.records import DispatchQueue, Finished, Inbound, Reply
 from worker.results import refused_result
 from worker.supervision import StrikeBook, Suspect, Verdict
 
@@ -46,7 +46,7 @@ class Intake:
         consumer: RequestConsumer,
         committer: Committer,
         dead_letters: DeadLetters | None,
-        dispatch_q: queue.Queue[Batch[Inbound] | None],
+        dispatch_q: DispatchQueue,
         results_q: queue.SimpleQueue[Reply | Finished | None],
         *,
         strikes: StrikeBook,
@@ -76,6 +76,8 @@ class Intake:
         self._topic_by_lane = {lane.name: lane.topic for lane in self.lanes}
         self.lane_in_flight: dict[str, int] = dict.fromkeys(self._topic_by_lane, 0)
         self._held: frozenset[str] = frozenset()
+        self._loads: dict[str, LaneLoad] = {}
+        self._rank = {lane.name: lane.rank for lane in self.lanes}
         self._report_engine = report_engine
         self.clock = clock
         self.tracker: OffsetTracker[TopicPartition] = OffsetTracker()
@@ -98,8 +100,10 @@ class Intake:
     def step(self) -> None:
         due_in = self.batcher.time_until_due(self.clock())
         timeout = _QUEUE_POLL_S if due_in is None else min(due_in, _QUEUE_POLL_S)
-        room = self.settings.max_inflight - self.in_flight
-        records = self.consumer.poll(timeout, min(self.settings.poll_max_records, max(room, 1)))
+        room = self.gate.poll_room(
+            self._loads, self._held, self.settings.max_inflight - self.in_flight
+        )
+        records = self.consumer.poll(timeout, min(self.settings.poll_max_records, room))
         if records:
             metrics.RECORDS_CONSUMED.inc(len(records))
             wall_ms = _epoch_ms()
@@ -226,7 +230,7 @@ class Intake:
     def dispatch(self, batch: Batch[Inbound]) -> None:
         metrics.BATCH_SIZE.observe(len(batch.items))
         metrics.BATCH_WAIT.observe(batch.closed_at - batch.opened_at)
-        self.dispatch_q.put(batch)
+        self.dispatch_q.put(batch, min(self._rank.get(item.lane, 0) for item in batch.items))
 
     # ------------------------------------------------------------------ offsets
 
@@ -298,7 +302,7 @@ class Intake:
         """Hold back the lanes the rule says must yield (worker.lanes)."""
         if len(self.lanes) < 2:
             return
-        loads = self.lane_loads()
+        loads = self._loads = self.lane_loads()
         held = self.gate.paused(loads)
         if held != self._held:
             self._held = held

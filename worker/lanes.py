@@ -73,6 +73,17 @@ class LaneGate:
             demand_above = demand_above or load.waiting > 0 or load.in_flight > self.yield_above
         return frozenset(out)
 
+    def poll_room(self, loads: Mapping[str, LaneLoad], held: frozenset[str], room: int) -> int:
+        """How many records the next poll may take: `room` (what `max_inflight` leaves),
+        but no more than any lane that is fetching has left under its cap. One poll
+        returns records of every fetching lane, so without this a single poll could carry
+        a lane far past its cap before the rule sees it."""
+        for lane in self.lanes:
+            if lane.name not in held:
+                in_flight = loads.get(lane.name, LaneLoad()).in_flight
+                room = min(room, lane.max_inflight - in_flight)
+        return max(room, 1)
+
     def _at_cap(self, lane: LanePolicy, in_flight: int) -> bool:
         if lane.name in self._capped:
             if in_flight <= int(lane.max_inflight * self.resume_ratio):

@@ -7,12 +7,16 @@ to intake, which commits them.
 
 from __future__ import annotations
 
+import itertools
+import math
+import queue
 from dataclasses import dataclass
 from typing import Any
 
 from kafka.structs import TopicPartition
 
 from schemas import RequestEnvelope, ResultEnvelope, WorkerInfo
+from worker.batching import Batch
 from worker.engines.base import EngineOutput
 from worker.rendering import RenderedPrompt
 
@@ -80,4 +84,28 @@ class Reply:
         return cached[1]
 
 
-__all__ = ["Finished", "Inbound", "Reply", "Running"]
+class DispatchQueue:
+    """Micro-batches waiting for the dispatcher, best lane first, then in arrival order:
+    an interactive batch never waits behind bulk batches already queued (a poll can
+    bring dozens at once). Thread-safe; `close()` queues the end after everything."""
+
+    def __init__(self) -> None:
+        self._q: queue.PriorityQueue[tuple[float, int, Batch[Inbound] | None]] = (
+            queue.PriorityQueue()
+        )
+        self._seq = itertools.count()
+
+    def put(self, batch: Batch[Inbound], rank: int = 0) -> None:
+        self._q.put((rank, next(self._seq), batch))
+
+    def close(self) -> None:
+        self._q.put((math.inf, next(self._seq), None))
+
+    def get(self) -> Batch[Inbound] | None:
+        return self._q.get()[2]
+
+    def qsize(self) -> int:
+        return self._q.qsize()
+
+
+__all__ = ["DispatchQueue", "Finished", "Inbound", "Reply", "Running"]

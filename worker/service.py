@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from schemas import WorkerInfo
 from worker import metrics
-from worker.batching import Batch
 from worker.commits import Committer, ConsumerCommitter, TransactionalCommitter
 from worker.config import WorkerSettings
 from worker.dispatch import Dispatcher
@@ -30,7 +29,7 @@ from worker.engines.base import Engine
 from worker.intake import Intake
 from worker.kafka_io import DeadLetters, RequestConsumer
 from worker.logs import log
-from worker.records import Finished, Inbound, Reply
+from worker.records import DispatchQueue, Finished, Reply
 from worker.rendering import PromptRenderer
 from worker.sinks.base import ReplySink, SinkHealth
 from worker.sinks.kafka_sink import KafkaResultsSink
@@ -87,7 +86,7 @@ class Worker:
                 settings.keys.strikes(settings.group),
             ),
         )
-        dispatch_q: queue.Queue[Batch[Inbound] | None] = queue.Queue()
+        dispatch_q = DispatchQueue()
         results_q: queue.SimpleQueue[Reply | Finished | None] = queue.SimpleQueue()
         self._dispatch_q, self._results_q = dispatch_q, results_q
         self.intake = Intake(
@@ -216,7 +215,7 @@ class Worker:
             clean = self.intake.drain(self.settings.drain_timeout_s, can_finish=self._threads_alive)
         except Exception as exc:
             log.error("drain_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-        self._dispatch_q.put(None)
+        self._dispatch_q.close()
         self._results_q.put(None)
         for thread in self._threads:
             thread.join(timeout=10)

@@ -856,9 +856,13 @@ def _interactive_loop(
     return out
 
 
-def phase_lanes(out: Path, n: int, dry: bool, warmup: int, every_s: float) -> None:
+def phase_lanes(
+    out: Path, n: int, dry: bool, warmup: int, every_s: float, bulk_max_inflight: int | None
+) -> None:
     """Priority lanes on the GPU: interactive latency idle and under a bulk backlog of W,
-    and W's throughput alone and with 1 interactive req/s, with one worker throughout."""
+    and W's throughput alone and with 1 interactive req/s, with one worker throughout.
+    The two backlogs are different draws of W (no shared prefixes), and the prefix cache
+    is reset before each."""
     from kafka import KafkaProducer
 
     engine = make_engine("continuous", dry)
@@ -870,13 +874,16 @@ def phase_lanes(out: Path, n: int, dry: bool, warmup: int, every_s: float) -> No
     topic = f"bench.{run}"
     _create_topic(topic)
     r = _redis()
-    worker, thread = _start_worker(engine, run, batch_max_size=64, batch_max_wait_ms=50)
+    extra = {"bulk_max_inflight": bulk_max_inflight} if bulk_max_inflight else {}
+    doc["bulk_max_inflight"] = bulk_max_inflight
+    worker, thread = _start_worker(engine, run, batch_max_size=64, batch_max_wait_ms=50, **extra)
     time.sleep(5)  # group join
     _interactive_loop(run, topic, 3, 0.5, threading.Event(), "warm")
     doc["idle_s"] = _interactive_loop(run, topic, 15, every_s, threading.Event(), "idle")
 
-    def backlog(job: str, with_interactive: bool) -> dict[str, Any]:
-        reqs = [Req(f"{job}-{q.rid}", q.prompt, q.max_tokens) for q in workload(n, seed=11)]
+    def backlog(job: str, with_interactive: bool, seed: int) -> dict[str, Any]:
+        reqs = [Req(f"{job}-{q.rid}", q.prompt, q.max_tokens) for q in workload(n, seed=seed)]
+        reset_prefix_cache(engine)
         r.hset(f"{run}:job:{job}", mapping={"total": len(reqs), "status": "running"})
         producer = KafkaProducer(bootstrap_servers=_bootstrap(), linger_ms=20, acks="all")
         for i, req in enumerate(reqs):
@@ -884,7 +891,6 @@ def phase_lanes(out: Path, n: int, dry: bool, warmup: int, every_s: float) -> No
             producer.send(f"{topic}.bulk", key=req.rid.encode(), value=json.dumps(env).encode())
         producer.flush()
         producer.close()
-        reset_prefix_cache(engine)
         stop = threading.Event()
         latencies: list[float] = []
         live = threading.Thread(
@@ -915,9 +921,9 @@ def phase_lanes(out: Path, n: int, dry: bool, warmup: int, every_s: float) -> No
             "interactive_s": [round(x, 3) for x in latencies],
         }
 
-    doc["bulk_alone"] = backlog("jb1", with_interactive=False)
+    doc["bulk_alone"] = backlog("jb1", with_interactive=False, seed=11)
     _write_json(out / "lanes.json", doc)
-    doc["bulk_with_interactive"] = backlog("jb2", with_interactive=True)
+    doc["bulk_with_interactive"] = backlog("jb2", with_interactive=True, seed=12)
     worker.request_stop()
     thread.join(timeout=120)
     idle, mixed = doc["idle_s"], doc["bulk_with_interactive"]["interactive_s"]
@@ -954,6 +960,9 @@ def main() -> None:
         "--every-s", type=float, default=1.0, help="lanes: seconds between interactive requests"
     )
     parser.add_argument(
+        "--bulk-max-inflight", type=int, default=None, help="lanes: the worker's bulk cap"
+    )
+    parser.add_argument(
         "--configs", default=",".join(KNOBS), help=f"knobs to run, of {', '.join(KNOBS)}"
     )
     parser.add_argument(
@@ -982,7 +991,7 @@ def main() -> None:
         phase_knobs(args.out, names, dry, args.budget_s)
         return
     if args.phase == "lanes":
-        phase_lanes(args.out, args.n, dry, args.warmup, args.every_s)
+        phase_lanes(args.out, args.n, dry, args.warmup, args.every_s, args.bulk_max_inflight)
     elif args.phase == "static":
         phase_static(args.out, args.n, dry, args.b64, args.b16, args.warmup)
     elif args.phase == "continuous":

@@ -25,9 +25,11 @@ from tests.reliability.conftest import (
     chat,
     done_lengths,
     figures,
+    free_port,
     new_job,
     produce_envelopes,
     wait_committed,
+    wait_http,
     wait_job,
 )
 
@@ -155,3 +157,28 @@ def test_kill_9_mid_backlog_keeps_both_guarantees(
     rids = [rid for _, _, rid in live.samples]
     assert redis_client.exists(*(f"{lane.prefix}:result:{rid}" for rid in rids)) == len(rids)
     assert wait_committed(lane, 30)
+
+
+def test_the_bulk_cap_holds_even_within_one_poll(
+    lane: EnvLane, redis_client: redis.Redis, spawn: Any
+) -> None:
+    """One poll returns records of every fetching lane: the worker sizes each poll so a
+    lane cannot overshoot its cap (found on the H200: a bulk cap of 128 let ~2,000 in)."""
+    import urllib.request
+
+    n, cap = 3_000, 50
+    new_job(redis_client, lane.prefix, JOB, n)
+    envs = [chat(f"bulk-{i}", f"line {i}", job_id=JOB) for i in range(n)]
+    produce_envelopes(lane, envs, topic=lane.bulk_topic)
+    port = free_port()
+    spawn(lane, *GPU_SHAPE, "--bulk-max-inflight", str(cap), metrics_port=port)
+    wait_http(port)
+    peak = 0.0
+    while int(redis_client.hget(f"{lane.prefix}:job:{JOB}", "succeeded") or 0) < n:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith('qbatch_lane_in_flight_requests{lane="bulk"}'):
+                    peak = max(peak, float(line.rsplit(" ", 1)[1]))
+        time.sleep(0.05)
+    figures("lanes_bulk_cap", cap=cap, peak_in_flight=peak)
+    assert 0 < peak <= cap

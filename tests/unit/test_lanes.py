@@ -87,3 +87,29 @@ def test_bulk_is_never_starved_and_never_over_its_cap(
         if b_flight >= BULK.max_inflight:
             assert "bulk" in paused
         assert "interactive" not in paused
+
+
+def test_a_poll_never_carries_a_fetching_lane_past_its_cap() -> None:
+    g = gate()
+    loads = {"interactive": LaneLoad(10, 0), "bulk": LaneLoad(1500, 5000)}
+    # bulk fetching with 36 left under its cap: the poll takes at most 36 records
+    assert g.poll_room(loads, frozenset(), room=2048 - 1510) == 36
+    # bulk held: only the global room and interactive's own cap count
+    assert g.poll_room(loads, frozenset({"bulk"}), room=538) == 538
+    # never zero: a poll of one keeps the consumer's position moving
+    assert g.poll_room({"bulk": LaneLoad(1536, 1)}, frozenset(), room=500) == 1
+
+
+def test_the_dispatch_queue_serves_the_best_lane_first() -> None:
+    from worker.batching import Batch
+    from worker.records import DispatchQueue
+
+    q = DispatchQueue()
+    batches = [Batch([name], 0.0, 0.0, "size") for name in ("bulk-1", "bulk-2", "live", "bulk-3")]
+    for batch, rank in zip(batches, (1, 1, 0, 1), strict=True):
+        q.put(batch, rank)  # type: ignore[arg-type]
+    q.close()
+    order = []
+    while (batch := q.get()) is not None:
+        order.append(batch.items[0])
+    assert order == ["live", "bulk-1", "bulk-2", "bulk-3"]
