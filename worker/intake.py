@@ -127,7 +127,12 @@ class Intake:
 
     @property
     def in_flight(self) -> int:
-        return self.tracker.in_flight + self._pending_in_sinks()
+        """Records taken and not yet answered; with transactional results, the results
+        held for the next commit count too, but only beyond one max_inflight of them (a
+        commit interval's worth of answered work must not pause intake, as it would at
+        8k results/s; memory stays bounded by 2 x max_inflight results)."""
+        held = self._pending_in_sinks() - self.settings.max_inflight
+        return self.tracker.in_flight + max(0, held)
 
     def lane_of(self, topic: str) -> str:
         return self._lane_by_topic.get(topic, self.lanes[0].name)

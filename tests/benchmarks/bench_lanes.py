@@ -9,8 +9,8 @@ Phases, each on fresh topics with a fresh worker, one after the other on this ma
 1. `idle`: interactive requests alone, one per `--every-s`;
 2. `bulk`: the bulk backlog alone (its throughput: first dequeue -> last result);
 3. `bulk+interactive`: the same backlog, with interactive requests at 1 req/s throughout;
-4. `one lane`: the interactive requests published on the bulk lane's topic behind the
-   same backlog, which is what every request got before lanes existed.
+4. `one lane`: `--one-lane` interactive requests sent together on the bulk lane's topic,
+   behind the same backlog: what every request got before lanes existed.
 
 Targets (issue 21): p99 of interactive in phase 3 <= 2 x its p99 in phase 1 plus the
 batch window; bulk throughput in phase 3 >= 0.95 x phase 2.
@@ -48,6 +48,36 @@ def _bulk_record(i: int) -> tuple[bytes, bytes]:
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Burst(threading.Thread):
+    """`count` requests sent together on `topic_lane`; each one's send-to-result time."""
+
+    def __init__(self, lane: Lane, count: int, topic_lane: str | None) -> None:
+        super().__init__(daemon=True)
+        self.lane, self.count, self.topic_lane = lane, count, topic_lane
+        self.latencies: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with QBatchClient(
+            bootstrap=self.lane.bootstrap,
+            redis_url=self.lane.redis_url,
+            topic=self.lane.topic,
+            bulk_topic=self.lane.bulk_topic,
+            prefix=self.lane.prefix,
+            poll_s=0.02,
+        ) as client:
+            body = {"messages": [{"role": "user", "content": "now"}], "max_tokens": 8}
+            t0 = time.monotonic()
+            ids = client.submit_many([body] * self.count, lane=self.topic_lane)
+            pending = set(ids)
+            while pending and time.monotonic() - t0 < 900:
+                for rid, result in client.get_many(sorted(pending)).items():
+                    if result is not None:
+                        pending.discard(rid)
+                        self.latencies.append(time.monotonic() - t0)
+                time.sleep(0.05)
 
 
 class Interactive(threading.Thread):
@@ -108,7 +138,11 @@ def _phase(
     flags = ["--echo-delay-ms", str(args.delay_ms), "--echo-concurrency", str(args.concurrency)]
     log = Path(os.environ.get("QBATCH_BENCH_LOG", "/dev/null"))
     worker = start_worker(lane, *flags, log=log)
-    live = Interactive(lane, *interactive) if interactive else None
+    live: Interactive | Burst | None = None
+    if interactive and interactive[0] == "burst":
+        live = Burst(lane, *interactive[1:])
+    elif interactive:
+        live = Interactive(lane, *interactive)
     try:
         started = time.monotonic()
         if n_bulk:  # the backlog is being worked on: the worker has its partitions
@@ -162,7 +196,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--idle", type=int, default=30, help="interactive requests, phase 1")
     parser.add_argument("--every-s", type=float, default=1.0)
-    parser.add_argument("--one-lane", type=int, default=5, help="interactive requests, phase 4")
+    parser.add_argument("--one-lane", type=int, default=20, help="interactive requests, phase 4")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
     print(f"machine: {platform.node()} {os.cpu_count()} cores, python {platform.python_version()}")
@@ -173,7 +207,7 @@ def main() -> None:
         _phase("bulk+interactive", args.bulk, (args.every_s, None, None), args),
     ]
     if args.one_lane:
-        rows.append(_phase("one lane", args.bulk, (0.5, args.one_lane, "bulk", False), args))
+        rows.append(_phase("one lane", args.bulk, ("burst", args.one_lane, "bulk"), args))
     print(
         f"{'phase':>18} {'bulk':>6} {'bulk req/s':>11} {'inter.':>7} {'p50 s':>7} {'p99 s':>7}"
         f" {'max s':>7}"
