@@ -4,8 +4,9 @@ package both import; it is not part of the wire contract.
 
 Each patch says what breaks without it, which test reproduces that, and what to check
 before removing it. Searched upstream (dpkp/kafka-python) on 2026-12-03: no issue or fix
-was found for any of the three defects below; they are unreported as far as we know, and
-each test named here is what would show a newer kafka-python no longer needs the patch.
+was found for any of the first three defects below (the fourth was found and searched for
+the same way later that day); they are unreported as far as we know, and each test named
+here is what would show a newer kafka-python no longer needs the patch.
 
 1. `repair_idempotent_reset(producer)` -- an idempotent producer wedged for good.
    Defect: when in-flight batches expire (delivery timeout during a broker outage) the
@@ -36,6 +37,22 @@ each test named here is what would show a newer kafka-python no longer needs the
    on another kafka-python both degrade to "records only" and "unavailable".
    Reproduced by: tests/reliability/test_consumer_watchdog.py (a consumer made to stall).
 
+4. `forget_stale_txn_offsets(producer)` -- offsets of an aborted transaction committed by
+   the next one. Defect: `send_offsets_to_transaction` puts the offsets into the
+   transaction manager's `_pending_txn_offset_commits`, and only a partition the broker
+   accepted is removed from it; nothing clears it when the transaction aborts. After a
+   TxnOffsetCommit refused with IllegalGeneration (the consumer group rebalanced between
+   the snapshot of its metadata and the commit; the transaction is aborted as it must be),
+   the next transaction's TxnOffsetCommit carries the stale offsets with the fresh ones,
+   and the broker commits them: offsets of partitions this worker no longer owns, for
+   results that were aborted. Those records are never redelivered and their results
+   never reach the topic (seen as ~300-700 results missing of 3,000 in about one run in
+   three of the rebalance test). The patch clears the map before a transaction begins,
+   when no transaction is open and anything in it is left from a failed one.
+   Reproduced by: tests/integration/test_kafka_txn_offsets.py (unpatched: the stale
+   offset is committed); end to end by
+   tests/reliability/test_results_topic.py::test_rebalances_keep_the_transactional_topic_exactly_once.
+
 Not patches, but call-order rules the worker follows for the same version (kept where
 they are used, in worker/kafka_io.py): subscribe, *then* load the topic's metadata
 before the first poll (else a second rebalance ~0.5 s after start, which under load
@@ -53,6 +70,7 @@ from typing import Any
 __all__ = [
     "consumer_state",
     "fetch_response_ok",
+    "forget_stale_txn_offsets",
     "partition_states",
     "producer_in_fatal_state",
     "repair_idempotent_reset",
@@ -191,3 +209,17 @@ def consumer_state(consumer: Any) -> str:
         )
     except Exception as exc:
         return f"unavailable ({exc!r})"
+
+
+# ---------------------------------------------------------------- 4. aborted txn offsets
+
+
+def forget_stale_txn_offsets(producer: Any) -> None:
+    """Call before `begin_transaction()`: drop offsets a failed transaction left pending
+    (defect 4), so the transaction about to begin commits only its own."""
+    tm = getattr(producer, "_transaction_manager", None)
+    pending = getattr(tm, "_pending_txn_offset_commits", None)
+    if tm is None or not isinstance(pending, dict):
+        return
+    with tm._lock:
+        pending.clear()

@@ -39,7 +39,11 @@ from kafka.errors import (
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
-from schemas.kafka_compat import producer_in_fatal_state, repair_idempotent_reset
+from schemas.kafka_compat import (
+    forget_stale_txn_offsets,
+    producer_in_fatal_state,
+    repair_idempotent_reset,
+)
 from schemas.replies import WriteReply, WriteStatus
 from worker.config import WorkerSettings
 from worker.logs import log
@@ -131,6 +135,10 @@ class KafkaResultsSink(ReplySink):
         self._buffered = 0
         self._dropped: set[TopicPartition] = set()
         """Revoked partitions: a failed transaction's results for them are not put back."""
+        self._epochs: dict[TopicPartition, int] = {}
+        """Current assignment epoch per partition: results of an older one are stale."""
+        self._max_bytes = settings.results_max_record_bytes
+        self._fenced_for_good = False
 
     # ------------------------------------------------------------------ writer thread
 
@@ -138,19 +146,24 @@ class KafkaResultsSink(ReplySink):
         self, replies: Sequence[Reply], now_ms: int, *, job_bookkeeping: bool = True
     ) -> list[WriteReply]:
         written = WriteReply(WriteStatus.written)
+        records = [(reply, _record(reply)) for reply in replies]
+        for _reply, rec in records:  # before anything is sent or held: refuse the chunk whole
+            if rec is not None and len(rec[1]) > self._max_bytes:
+                raise SinkRefused(
+                    f"result of {len(rec[1])} bytes, over results_max_record_bytes "
+                    f"{self._max_bytes}"
+                )
         if self.transactional:
             with self._lock:
-                for reply in replies:
-                    rec = _record(reply)
-                    if rec is None:
-                        continue
+                for reply, rec in records:
+                    if rec is None or reply.epoch != self._epochs.get(reply.tp, 0):
+                        continue  # stale: its partition was revoked since it was taken
                     part = self._buffer.setdefault(reply.tp, {})
                     if reply.offset not in part:
                         self._buffered += 1
                     part[reply.offset] = rec
             return [written] * len(replies)
-        for reply in replies:
-            rec = _record(reply)
+        for _reply, rec in records:
             if rec is None:
                 continue
             key, value, headers = rec
@@ -186,13 +199,17 @@ class KafkaResultsSink(ReplySink):
 
     # ------------------------------------------------------------------ main thread (txn)
 
-    def drop(self, partitions: Iterable[TopicPartition]) -> None:
+    def drop(
+        self, partitions: Iterable[TopicPartition], epochs: Mapping[TopicPartition, int]
+    ) -> None:
         """Revoked partitions: their buffered results go with them (the new owner
-        republishes them from Redis, or runs them again without it)."""
+        republishes them from Redis, or runs them again without it), and results of the
+        old assignment still on their way are ignored from now on (`epochs`)."""
         with self._lock:
             for tp in partitions:
                 self._buffered -= len(self._buffer.pop(tp, {}))
                 self._dropped.add(tp)
+                self._epochs[tp] = epochs.get(tp, self._epochs.get(tp, 0) + 1)
 
     def owned(self, partitions: Iterable[TopicPartition]) -> None:
         with self._lock:
@@ -207,9 +224,12 @@ class KafkaResultsSink(ReplySink):
         with the same transactional.id; fenced again and again, another producer has that
         id, and `TransactionFenced` stops the worker.
         """
+        if self._fenced_for_good:
+            raise TransactionFenced("this worker's transactional producer was fenced")
         taken = self._take(offsets)
         try:
             producer = self._ready_producer()
+            forget_stale_txn_offsets(producer)  # else an aborted one's offsets come along
             producer.begin_transaction()
             for tp in sorted(taken, key=lambda t: (t.topic, t.partition)):
                 for off in sorted(taken[tp]):
@@ -280,6 +300,7 @@ class KafkaResultsSink(ReplySink):
             except Exception as close_exc:
                 log.warning("fenced_producer_close_failed", error=str(close_exc))
         if len(self._fences) >= FENCES_BEFORE_STOP:
+            self._fenced_for_good = True  # no new producer to fence the other one again
             raise TransactionFenced(
                 f"fenced {len(self._fences)} times in {FENCE_WINDOW_S:.0f} s: another "
                 f"producer uses transactional.id {self._config['transactional_id']!r}"

@@ -1,0 +1,112 @@
+"""kafka-python 3.0.12 defect 4 (schemas/kafka_compat.py) on the real broker: the offsets of
+a transaction aborted after a rebalance are committed by the next transaction, unless
+`forget_stale_txn_offsets` runs before it begins.
+
+The unpatched case asserts the defect itself: when a newer kafka-python fixes it, that
+case fails, and the patch (and this test's unpatched half) can go.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+
+from schemas.kafka_compat import forget_stale_txn_offsets
+
+
+def _poll_until(consumers: list[KafkaConsumer], done: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the group did not settle"
+        for consumer in consumers:
+            consumer.poll(timeout_ms=100)
+
+
+def _committed_offsets(
+    admin: Any, group: str, expect: TopicPartition, timeout: float
+) -> dict[TopicPartition, int]:
+    """The group's committed offsets, once `expect` has one: the transaction's markers
+    reach the offsets topic a moment after commit_transaction() returns."""
+    deadline = time.monotonic() + timeout
+    while True:
+        offsets = {
+            tp: meta.offset
+            for tp, meta in admin.list_group_offsets({group: None})[group].items()
+            if meta.offset >= 0
+        }
+        if expect in offsets or time.monotonic() > deadline:
+            return offsets
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["unpatched", "patched"])
+def test_an_aborted_transactions_offsets_stay_uncommitted(
+    kafka_bootstrap: str,
+    kafka_admin: Any,
+    fresh_topic: Callable[..., str],
+    prefix: str,
+    patched: bool,
+) -> None:
+    source, sink = fresh_topic(partitions=2), fresh_topic(partitions=1)
+    group = f"{prefix}-{'p' if patched else 'u'}-group"
+    both = {TopicPartition(source, 0), TopicPartition(source, 1)}
+
+    def member() -> KafkaConsumer:
+        consumer = KafkaConsumer(
+            bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False
+        )
+        # subscribe, then load the topic's metadata before the first poll (the rule
+        # worker.kafka_io follows; else a second rebalance may come a moment later)
+        consumer.subscribe([source])
+        deadline = time.monotonic() + 30
+        while not consumer.partitions_for_topic(source) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return consumer
+
+    first = member()
+    consumers: list[KafkaConsumer] = [first]
+    producer: Any = None
+    try:
+        _poll_until(consumers, lambda: first.assignment() == both, 30)
+        stale = first.group_metadata()  # generation 1: both partitions are first's
+        second = member()
+        consumers.append(second)
+        _poll_until(consumers, lambda: len(first.assignment()) == len(second.assignment()) == 1, 30)
+        kept = next(iter(first.assignment()))
+        (given_away,) = both - {kept}
+
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{group}-txn")
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(sink, b"aborted")
+        with pytest.raises(KafkaError, match="IllegalGeneration"):
+            producer.send_offsets_to_transaction(
+                {tp: OffsetAndMetadata(5, "", -1) for tp in both}, stale
+            )
+            producer.commit_transaction()
+        producer.abort_transaction()
+
+        if patched:
+            forget_stale_txn_offsets(producer)
+        producer.begin_transaction()
+        producer.send(sink, b"committed")
+        producer.send_offsets_to_transaction(
+            {kept: OffsetAndMetadata(7, "", -1)}, first.group_metadata()
+        )
+        producer.commit_transaction()
+
+        committed = _committed_offsets(kafka_admin, group, kept, 15)
+        assert committed.get(kept) == 7
+        # The aborted transaction's offset for the partition now owned by `second`:
+        assert committed.get(given_away) == (None if patched else 5)
+    finally:
+        for consumer in consumers:
+            consumer.close(autocommit=False)
+        if producer is not None:
+            producer.close(timeout=5)
