@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 from pydantic import ValidationError
@@ -41,6 +42,7 @@ def load_settings(argv: list[str] | None = None) -> WorkerSettings:
     return WorkerSettings.model_validate(cli.model_dump())
 
 
+EXIT_FAULT = 70  # as worker.service.EXIT_FAULT (not imported: the service pulls heavy deps)
 EXIT_BAD_SETTINGS = 2
 EXIT_STOP_OVERRAN = 3
 """SIGTERM (or a fault) asked for a stop and the drain overran drain_timeout_s plus
@@ -48,13 +50,15 @@ STOP_MARGIN_S: the process ends anyway, its unfinished records redelivered elsew
 STOP_MARGIN_S = 30.0
 
 
-def _backstop(timeout_s: float) -> None:
-    """Ends the process if a stop does not complete in time, whatever is stuck."""
+def _backstop(timeout_s: float, fault: Callable[[], str | None] = lambda: None) -> None:
+    """Ends the process if a stop does not complete in time, whatever is stuck; with the
+    fault's exit status when a fault asked for the stop."""
 
     def fire() -> None:
-        logs.log.error("stop_overran", limit_s=timeout_s)
+        reason = fault()
+        logs.log.error("stop_overran", limit_s=timeout_s, fault=reason)
         sys.stderr.flush()
-        os._exit(EXIT_STOP_OVERRAN)
+        os._exit(EXIT_FAULT if reason else EXIT_STOP_OVERRAN)
 
     timer = threading.Timer(timeout_s, fire)
     timer.daemon = True
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     def arm() -> None:
         if not armed.is_set():
             armed.set()
-            _backstop(limit)
+            _backstop(limit, lambda: worker.state.fault)
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         logs.log.info("signal_received", signal=signal.Signals(signum).name)

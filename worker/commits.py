@@ -24,9 +24,16 @@ from worker.logs import log
 from worker.sinks.kafka_sink import KafkaResultsSink
 
 Offsets = Mapping[TopicPartition, int]
+Epochs = Mapping[TopicPartition, int]
+"""Per partition, its assignment epoch (worker.intake.Intake.epochs)."""
 
 
 class Committer(Protocol):
+    rewinds_to_commit: bool
+    """True when "done" is not yet durable everywhere until committed (transactional
+    results): a partition that comes back is sought to its last commit, not its first
+    unanswered record."""
+
     def commit(self, offsets: Offsets, *, blocking: bool = True) -> bool:
         """Commit `offsets`; True when they are committed on return. False: not (yet):
         retried at the next interval, or reported later by `completed()`."""
@@ -40,8 +47,11 @@ class Committer(Protocol):
     def assigned(self, partitions: set[TopicPartition]) -> None:
         """Partitions this worker owns (again)."""
 
-    def revoked(self, partitions: set[TopicPartition]) -> None:
-        """Forget what is held for partitions this worker no longer owns."""
+    def revoked(
+        self, partitions: set[TopicPartition], epochs: Mapping[TopicPartition, int]
+    ) -> None:
+        """Forget what is held for partitions this worker no longer owns; `epochs`: their
+        new assignment epochs (results of older ones are stale)."""
 
     def close(self) -> None:
         """Stop background work."""
@@ -50,6 +60,8 @@ class Committer(Protocol):
 class ConsumerCommitter:
     """At-least-once: every sink already holds the records below `offsets` (the writer
     marks offsets done only after every sink acknowledged them)."""
+
+    rewinds_to_commit = False
 
     def __init__(self, consumer: RequestConsumer, dead_letters: DeadLetters | None) -> None:
         self._consumer = consumer
@@ -80,7 +92,9 @@ class ConsumerCommitter:
     def assigned(self, partitions: set[TopicPartition]) -> None:
         return
 
-    def revoked(self, partitions: set[TopicPartition]) -> None:
+    def revoked(
+        self, partitions: set[TopicPartition], epochs: Mapping[TopicPartition, int]
+    ) -> None:
         return
 
     def close(self) -> None:
@@ -90,6 +104,8 @@ class ConsumerCommitter:
 class TransactionalCommitter:
     """Exactly once on the results topic: the results of exactly the records below
     `offsets` and the offsets themselves, in one transaction (see KafkaResultsSink)."""
+
+    rewinds_to_commit = True
 
     def __init__(
         self,
@@ -167,8 +183,10 @@ class TransactionalCommitter:
     def assigned(self, partitions: set[TopicPartition]) -> None:
         self._sink.owned(partitions)
 
-    def revoked(self, partitions: set[TopicPartition]) -> None:
-        self._sink.drop(partitions)
+    def revoked(
+        self, partitions: set[TopicPartition], epochs: Mapping[TopicPartition, int]
+    ) -> None:
+        self._sink.drop(partitions, epochs)
 
     def close(self) -> None:
         self._requests.put(None)

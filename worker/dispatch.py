@@ -112,6 +112,7 @@ class Dispatcher:
                         item.record,
                         None,
                         lane=item.lane,
+                        epoch=item.epoch,
                         answered=env.request_id,
                         isolate=item.isolate,
                     )
@@ -226,7 +227,7 @@ class Dispatcher:
             worker=self._worker_info(None, None),
         )
         reply = Reply(item.tp, item.offset, item.record, result, env.result_ttl_s)
-        reply.lane, reply.isolate = item.lane, item.isolate
+        reply.lane, reply.isolate, reply.epoch = item.lane, item.isolate, item.epoch
         self.outbox.put(reply)
 
 

@@ -36,7 +36,8 @@ from worker.supervision import StrikeBook, Suspect, Verdict
 _QUEUE_POLL_S = 0.05
 _LAG_INTERVAL_S = 5.0
 
-Done = list[tuple[TopicPartition, int]]
+Done = list[tuple[TopicPartition, int, int]]
+"""(partition, offset, assignment epoch) of records every sink now holds."""
 
 
 class Intake:
@@ -87,6 +88,10 @@ class Intake:
             clock=clock,
         )
         self.written_q: queue.SimpleQueue[Done] = queue.SimpleQueue()
+        self.epochs: dict[TopicPartition, int] = {}
+        """Per partition, how many times it was revoked: a record carries the epoch it was
+        taken in, and a completion from an earlier epoch (a record of a partition revoked
+        meanwhile, maybe assigned back) must not count for the records taken since."""
         self._positions: dict[TopicPartition, int] = {}
         self._rewind: dict[TopicPartition, int] = {}
         """Revoked partitions with unanswered records: where to seek if they come back."""
@@ -161,6 +166,7 @@ class Intake:
             envelope,
             wall_ms,
             lane=lane,
+            epoch=self.epochs.get(tp, 0),
             isolate=verdict is Verdict.isolate,
         )
         if item.isolate:  # on probation: alone in its batch (see worker.supervision)
@@ -193,7 +199,9 @@ class Intake:
         self.dead_letter(record, error)
         ref = error.ref
         if ref is None:
-            self.results_q.put(Reply(tp, record.offset, record, None, lane=lane))
+            self.results_q.put(
+                Reply(tp, record.offset, record, None, lane=lane, epoch=self.epochs.get(tp, 0))
+            )
             metrics.REQUESTS.labels("failed", error.code.value).inc()
             return
         result = refused_result(
@@ -203,7 +211,17 @@ class Intake:
             finished_ms=_epoch_ms(),
             worker=self._worker_info(),
         )
-        self.results_q.put(Reply(tp, record.offset, record, result, ref.result_ttl_s, lane=lane))
+        self.results_q.put(
+            Reply(
+                tp,
+                record.offset,
+                record,
+                result,
+                ref.result_ttl_s,
+                lane=lane,
+                epoch=self.epochs.get(tp, 0),
+            )
+        )
 
     def quarantine(self, record: Any, tp: TopicPartition, lane: str, wall_ms: int) -> None:
         """A record workers stopped on twice: not run again."""
@@ -255,8 +273,8 @@ class Intake:
         self._mark_done(first)
 
     def _mark_done(self, done: Done) -> None:
-        for tp, offset in done:
-            if self.tracker.done(tp, offset):
+        for tp, offset, epoch in done:
+            if epoch == self.epochs.get(tp, 0) and self.tracker.done(tp, offset):
                 self.lane_in_flight[self.lane_of(tp.topic)] -= 1
 
     def maybe_commit(self, force: bool = False) -> None:
@@ -348,7 +366,13 @@ class Intake:
         self.absorb_written()
         dropped = self.batcher.drop(lambda item: item.tp in revoked)
         for tp in revoked:
-            offset = self.tracker.resume_offset(tp)
+            # Where to come back to if this partition stays here: the first record not
+            # answered; with transactional results, the first record not committed (the
+            # answered ones' results wait in memory for the commit, dropped just below).
+            if self.committer.rewinds_to_commit:
+                offset = self.tracker.uncommitted_from(tp)
+            else:
+                offset = self.tracker.resume_offset(tp)
             if offset is not None:
                 self._rewind[tp] = offset
         for tp in revoked:
@@ -360,7 +384,9 @@ class Intake:
                 metrics.CONSUMER_LAG.remove(tp.topic, str(tp.partition))
         if final:
             self.commit(final, blocking=False)
-        self.committer.revoked(revoked)
+        for tp in revoked:
+            self.epochs[tp] = self.epochs.get(tp, 0) + 1
+        self.committer.revoked(revoked, {tp: self.epochs[tp] for tp in revoked})
         self._on_assigned_count(max(0, len(self.consumer.assignment()) - len(revoked)))
         log.info(
             "partitions_revoked",

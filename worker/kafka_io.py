@@ -416,8 +416,19 @@ class DeadLetters:
         value = record.value if record.value is not None else b""
         try:
             with self._lock:
-                self._producer.send(self._topic, key=record.key, value=value, headers=headers)
+                future = self._producer.send(
+                    self._topic, key=record.key, value=value, headers=headers
+                )
                 self._unflushed += 1
+            future.add_errback(
+                lambda exc: log.error(
+                    "dead_letter_failed",
+                    topic=self._topic,
+                    error=str(exc),
+                    partition=record.partition,
+                    offset=record.offset,
+                )
+            )
         except KafkaError as exc:
             # The caller still answers the request in Redis; a missing DLQ topic or a
             # broker hiccup must not stop the worker or block its partition.
@@ -436,11 +447,14 @@ class DeadLetters:
         reraise=True,
     )
     def flush(self) -> None:
-        """Called before a commit: a dead-lettered record is durable before its offset moves."""
+        """Called before a commit: a dead-lettered record is durable before its offset moves.
+        The count is cleared only once a flush returned, so a retried flush flushes again."""
         with self._lock:
-            pending, self._unflushed = self._unflushed, 0
+            pending = self._unflushed
         if pending:
             self._producer.flush(timeout=30)
+            with self._lock:
+                self._unflushed -= pending
 
     def close(self) -> None:
         try:

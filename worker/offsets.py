@@ -33,6 +33,8 @@ class _Partition:
     pending: set[int] = field(default_factory=set)
     highest: int | None = None
     committed: int | None = None
+    first: int | None = None
+    """The first offset tracked in this assignment."""
 
     def commit_offset(self) -> int | None:
         if self.order:
@@ -78,6 +80,22 @@ class OffsetTracker(Generic[K]):
             return None
         return state.order[0]
 
+    def uncommitted_from(self, partition: K) -> int | None:
+        """The lowest offset of ``partition`` not covered by a commit this tracker saw (None
+        when everything tracked is committed, or nothing was tracked).
+
+        Where to seek back to when "done" is not yet durable everywhere: with transactional
+        results a done record's result waits in memory for the next commit, and is lost
+        with the partition at a revoke, so everything past the last commit must come again.
+        """
+        state = self._parts.get(partition)
+        if state is None or state.highest is None:
+            return None
+        start = state.committed if state.committed is not None else state.first
+        if start is None or start > state.highest:
+            return None
+        return start
+
     def revoke(self, partitions: Iterable[K]) -> dict[K, int]:
         """Forgets ``partitions`` and returns their final commit offsets for the caller.
 
@@ -122,6 +140,8 @@ class OffsetTracker(Generic[K]):
             state = self._parts[partition] = _Partition()
         if state.highest is not None and offset <= state.highest:
             return False
+        if state.first is None:
+            state.first = offset
         state.highest = offset
         state.order.append(offset)
         state.pending.add(offset)

@@ -31,6 +31,8 @@ class Inbound:
     envelope: RequestEnvelope
     dequeued_ms: int
     lane: str = "interactive"
+    epoch: int = 0
+    """The partition's assignment epoch when the record was taken (see Intake.epochs)."""
     isolate: bool = False
     """On probation: this record was being handled when a worker stopped on a fault, so it
     runs and is written alone (a second fault then blames it, and only it)."""
@@ -68,6 +70,7 @@ class Reply:
     result: ResultEnvelope | None
     ttl_s: int = 86_400
     lane: str = "interactive"
+    epoch: int = 0
     answered: str | None = None
     stored: bytes | None = None
     isolate: bool = False

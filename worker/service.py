@@ -215,6 +215,8 @@ class Worker:
             clean = self.intake.drain(self.settings.drain_timeout_s, can_finish=self._threads_alive)
         except Exception as exc:
             log.error("drain_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            if self.state.fault is None:  # e.g. fenced while committing: not a clean stop
+                self.state.fault = f"drain: {type(exc).__name__}: {exc}"
         self._dispatch_q.close()
         self._results_q.put(None)
         for thread in self._threads:

@@ -35,7 +35,8 @@ from worker.supervision import Suspect
 T = TypeVar("T")
 _QUEUE_POLL_S = 0.05
 
-Done = list[tuple[TopicPartition, int]]
+Done = list[tuple[TopicPartition, int, int]]
+"""(partition, offset, the partition's assignment epoch when the record was taken)."""
 
 
 class GiveUp(Exception):
@@ -134,6 +135,7 @@ class Writer:
             result,
             inbound.envelope.result_ttl_s,
             lane=inbound.lane,
+            epoch=inbound.epoch,
             isolate=inbound.isolate,
         )
 
@@ -149,7 +151,7 @@ class Writer:
         for sink in self.others:
             self._write_other_retrying(sink, chunk, now_ms)
         metrics.PENDING_WRITES.set(0)
-        self._done([(r.tp, r.offset) for r in chunk])
+        self._done([(r.tp, r.offset, r.epoch) for r in chunk])
 
     def _store_write(self, chunk: list[Reply], now_ms: int) -> list[WriteReply]:
         """The dedupe store's verdicts; refused replies found by halving the chunk."""

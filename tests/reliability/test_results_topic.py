@@ -234,3 +234,46 @@ def test_a_fenced_transactional_producer_is_replaced(
     seen = counts(records)
     assert worker.poll() is None
     assert len(seen) == n and max(seen.values()) == 1
+
+
+def test_rebalances_keep_the_transactional_topic_exactly_once(
+    results_lane: EnvLane, redis_client: redis.Redis, spawn: Any
+) -> None:
+    """Another member joins the group mid-stream and leaves again: every partition is
+    revoked (kafka-python rebalances eagerly) and comes back to the worker, which must
+    seek to its last commit (the answered results held for the next commit are dropped)
+    and ignore results of the old assignment still on their way."""
+    lane, n = results_lane, 3_000
+    new_job(redis_client, lane.prefix, "jr", n)
+    envs = [chat(f"r{i}", f"rebalance {i}", job_id="jr") for i in range(n)]
+    produce_envelopes(lane, envs)
+    # commits 3 s apart: at each revoke the worker holds answered, uncommitted results
+    slow_commits = ("--commit-interval-ms", "3000")
+    worker = spawn(lane, *TXN, *slow_commits, "--echo-delay-ms", "20", "--max-inflight", "512")
+    for share in (0.25, 0.5):
+        while int(redis_client.hget(f"{lane.prefix}:job:jr", "succeeded") or 0) < n * share:
+            time.sleep(0.02)
+        visitor = KafkaConsumer(
+            lane.topic,
+            lane.bulk_topic,
+            bootstrap_servers=lane.bootstrap,
+            group_id=lane.group,
+            enable_auto_commit=False,
+        )
+        deadline = time.monotonic() + 20
+        while not visitor.assignment() and time.monotonic() < deadline:
+            visitor.poll(timeout_ms=200, max_records=1)
+        visitor.close(autocommit=False)  # takes nothing with it: its share comes back
+    assert wait_job(redis_client, lane.prefix, "jr", n, 180) == n
+    records = read_results(lane, n, 120, settle_s=5)
+    seen = counts(records)
+    figures(
+        "results_topic_rebalance_transactional",
+        sent=n,
+        on_topic=len(records),
+        missing=n - len(seen),
+        duplicated=sum(c - 1 for c in seen.values()),
+    )
+    assert worker.poll() is None
+    assert len(seen) == n and max(seen.values()) == 1
+    assert wait_committed(lane, 60)

@@ -494,3 +494,21 @@ RebalancingConsumer.TestCase.settings = settings(
     max_examples=200, stateful_step_count=40, deadline=None
 )
 test_rebalancing_consumer = RebalancingConsumer.TestCase
+
+
+def test_uncommitted_from_is_the_last_commit_or_the_first_tracked() -> None:
+    """With transactional results "done" is durable only once committed: a partition
+    that comes back must be sought to its last commit (worker.intake.on_revoked)."""
+    t: OffsetTracker[str] = OffsetTracker()
+    assert t.uncommitted_from("p") is None
+    for off in range(100, 150):
+        t.track("p", off)
+    assert t.uncommitted_from("p") == 100  # nothing committed yet: the first tracked
+    for off in range(100, 150):
+        t.done("p", off)
+    assert t.resume_offset("p") is None  # nothing pending ...
+    assert t.uncommitted_from("p") == 100  # ... but nothing committed either
+    t.mark_committed({"p": 120})
+    assert t.uncommitted_from("p") == 120
+    t.mark_committed({"p": 150})
+    assert t.uncommitted_from("p") is None  # all committed

@@ -106,8 +106,10 @@ def reply(rid: str, offset: int, job: str | None = "j") -> Reply:
     return Reply(TP, offset, f"record-{offset}", result)
 
 
-def make(*sinks: ReplySink) -> tuple[Writer, list[list[tuple[TopicPartition, int]]], DeadLetters]:
-    done: list[list[tuple[TopicPartition, int]]] = []
+def make(
+    *sinks: ReplySink,
+) -> tuple[Writer, list[list[tuple[TopicPartition, int, int]]], DeadLetters]:
+    done: list[list[tuple[TopicPartition, int, int]]] = []
     dead = DeadLetters()
     writer = Writer(
         list(sinks),
@@ -135,7 +137,7 @@ def test_a_refused_result_is_found_by_halving_and_answered_alone() -> None:
     assert store.written["r5"].error.code is ErrorCode.internal_error
     assert store.without_jobs == ["r5"]  # its job's keys are what failed
     assert dead.sent == [("record-5", "store refused the result: script error")]
-    assert done == [[(TP, i) for i in range(10)]]
+    assert done == [[(TP, i, 0) for i in range(10)]]
     assert max(len(c) for c in store.calls[1:]) < 10  # the chunk was split
 
 
@@ -147,7 +149,7 @@ def test_a_key_of_the_wrong_type_costs_only_its_result() -> None:
     assert store.written["r0"].ok and store.written["r2"].ok
     assert not store.written["r1"].ok and store.without_jobs == ["r1"]
     assert [r for r, _ in dead.sent] == ["record-1"]
-    assert done == [[(TP, 0), (TP, 1), (TP, 2)]]
+    assert done == [[(TP, 0, 0), (TP, 1, 0), (TP, 2, 0)]]
 
 
 def test_the_store_verdict_decides_what_the_topic_gets() -> None:
@@ -166,7 +168,7 @@ def test_the_store_verdict_decides_what_the_topic_gets() -> None:
     ]
     [dup] = store.duplicates
     assert dup.error is not None and dup.error.code is ErrorCode.duplicate_request_id
-    assert topic.flushes == 1 and done == [[(TP, 0), (TP, 1), (TP, 2), (TP, 3)]]
+    assert topic.flushes == 1 and done == [[(TP, 0, 0), (TP, 1, 0), (TP, 2, 0), (TP, 3, 0)]]
 
 
 def test_an_unavailable_sink_is_retried_and_offsets_wait_for_it() -> None:
@@ -178,4 +180,44 @@ def test_an_unavailable_sink_is_retried_and_offsets_wait_for_it() -> None:
     writer.write([reply("r0", 0)])
     assert store.written["r0"].ok
     assert health_changes == [False, True]
-    assert done == [[(TP, 0)]]
+    assert done == [[(TP, 0, 0)]]
+
+
+def test_the_transactional_buffer_ignores_stale_results_and_refuses_oversized_ones() -> None:
+    """KafkaResultsSink's buffering, with a stand-in producer (the transaction itself is
+    tested against the broker in tests/reliability/test_results_topic.py)."""
+    import pytest
+
+    from worker.config import WorkerSettings
+    from worker.sinks.kafka_sink import KafkaResultsSink
+
+    class Producer:
+        def init_transactions(self) -> None:
+            return
+
+    settings = WorkerSettings(
+        engine="echo",
+        results_topic="r",
+        results_transactional=True,
+        results_max_record_bytes=2048,
+    )
+    sink = KafkaResultsSink(settings, producer=Producer())
+    sink.write([reply("a", 0), reply("b", 1)], 0)
+    assert sink.pending() == 2
+    sink.drop({TP}, {TP: 1})  # revoked: its held results go, the epoch moves on
+    assert sink.pending() == 0
+    sink.owned({TP})
+    late = reply("c", 2)  # taken before the revoke (epoch 0), answered after it
+    sink.write([late], 0)
+    assert sink.pending() == 0
+    fresh = reply("d", 3)
+    fresh.epoch = 1
+    sink.write([fresh], 0)
+    assert sink.pending() == 1
+    big = reply("e", 4)
+    big.epoch = 1
+    assert big.result is not None
+    big.result = big.result.model_copy(update={"metadata": {"x": "y" * 4000}})
+    with pytest.raises(SinkRefused):
+        sink.write([big], 0)
+    assert sink.pending() == 1

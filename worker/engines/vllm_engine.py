@@ -286,7 +286,11 @@ class VllmEngine(Engine):
         if final is None:
             on_done(EngineOutput(request.key, "", 0, 0, "error", error="engine returned nothing"))
             return
-        on_done(_to_output(request.key, final))
+        try:
+            output = _to_output(request.key, final)
+        except Exception as exc:  # an odd output must still answer its request
+            output = EngineOutput(request.key, "", 0, 0, "error", error=describe_error(exc))
+        on_done(output)
 
     # ------------------------------------------------------------------ stats / close
 
