@@ -857,25 +857,37 @@ def _interactive_loop(
 
 
 def phase_lanes(
-    out: Path, n: int, dry: bool, warmup: int, every_s: float, bulk_max_inflight: int | None
+    out: Path, n: int, dry: bool, warmup: int, every_s: float, caps: list[int | None]
 ) -> None:
     """Priority lanes on the GPU: interactive latency idle and under a bulk backlog of W,
-    and W's throughput alone and with 1 interactive req/s, with one worker throughout.
-    The two backlogs are different draws of W (no shared prefixes), and the prefix cache
-    is reset before each."""
-    from kafka import KafkaProducer
-
+    and W's throughput alone and with 1 interactive req/s, with one worker per bulk cap
+    in `caps` (None: the worker's default), all on one loaded engine, side by side. The
+    backlogs are different draws of W (no shared prefixes), and the prefix cache is reset
+    before each. Each cap's figures are written as soon as they exist (lanes.json)."""
     engine = make_engine("continuous", dry)
     t0 = time.perf_counter()
     engine.start()
     doc: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1), "warmup": warmup}
     warm_up(engine, warmup, "continuous")
+    doc["runs"] = []
+    for k, cap in enumerate(caps):
+        doc["runs"].append(_lanes_one_cap(engine, n, every_s, cap, seed=11 + 2 * k))
+        _write_json(out / "lanes.json", doc)
+    for one in doc["runs"]:
+        print(json.dumps({"bulk_max_inflight": one["bulk_max_inflight"]} | one["summary"]))
+
+
+def _lanes_one_cap(
+    engine: Any, n: int, every_s: float, cap: int | None, seed: int
+) -> dict[str, Any]:
+    from kafka import KafkaProducer
+
     run = f"lanes-{uuid.uuid4().hex[:6]}"
     topic = f"bench.{run}"
     _create_topic(topic)
     r = _redis()
-    extra = {"bulk_max_inflight": bulk_max_inflight} if bulk_max_inflight else {}
-    doc["bulk_max_inflight"] = bulk_max_inflight
+    extra = {"bulk_max_inflight": cap} if cap else {}
+    doc: dict[str, Any] = {"bulk_max_inflight": cap}
     worker, thread = _start_worker(engine, run, batch_max_size=64, batch_max_wait_ms=50, **extra)
     time.sleep(5)  # group join
     _interactive_loop(run, topic, 3, 0.5, threading.Event(), "warm")
@@ -921,9 +933,8 @@ def phase_lanes(
             "interactive_s": [round(x, 3) for x in latencies],
         }
 
-    doc["bulk_alone"] = backlog("jb1", with_interactive=False, seed=11)
-    _write_json(out / "lanes.json", doc)
-    doc["bulk_with_interactive"] = backlog("jb2", with_interactive=True, seed=12)
+    doc["bulk_alone"] = backlog(f"{run}-jb1", with_interactive=False, seed=seed)
+    doc["bulk_with_interactive"] = backlog(f"{run}-jb2", with_interactive=True, seed=seed + 1)
     worker.request_stop()
     thread.join(timeout=120)
     idle, mixed = doc["idle_s"], doc["bulk_with_interactive"]["interactive_s"]
@@ -933,12 +944,13 @@ def phase_lanes(
         "p99_ratio": round(percentiles(mixed)["p99"] / percentiles(idle)["p99"], 3)
         if mixed
         else None,
+        "bulk_alone_req_per_s": doc["bulk_alone"]["req_per_s"],
         "bulk_ratio_with_interactive": round(
             doc["bulk_with_interactive"]["req_per_s"] / doc["bulk_alone"]["req_per_s"], 3
         ),
     }
-    print(json.dumps(doc["summary"]), flush=True)
-    _write_json(out / "lanes.json", doc)
+    print(json.dumps({"bulk_max_inflight": cap} | doc["summary"]), flush=True)
+    return doc
 
 
 def main() -> None:
@@ -960,7 +972,10 @@ def main() -> None:
         "--every-s", type=float, default=1.0, help="lanes: seconds between interactive requests"
     )
     parser.add_argument(
-        "--bulk-max-inflight", type=int, default=None, help="lanes: the worker's bulk cap"
+        "--bulk-max-inflight",
+        default="default",
+        help="lanes: the worker's bulk cap; a comma-separated list runs one worker per cap "
+        'on the same engine ("default": the worker\'s own)',
     )
     parser.add_argument(
         "--configs", default=",".join(KNOBS), help=f"knobs to run, of {', '.join(KNOBS)}"
@@ -991,7 +1006,8 @@ def main() -> None:
         phase_knobs(args.out, names, dry, args.budget_s)
         return
     if args.phase == "lanes":
-        phase_lanes(args.out, args.n, dry, args.warmup, args.every_s, args.bulk_max_inflight)
+        caps = [None if c == "default" else int(c) for c in args.bulk_max_inflight.split(",")]
+        phase_lanes(args.out, args.n, dry, args.warmup, args.every_s, caps)
     elif args.phase == "static":
         phase_static(args.out, args.n, dry, args.b64, args.b16, args.warmup)
     elif args.phase == "continuous":
