@@ -1,8 +1,10 @@
 """HTTP endpoints for operators: `/metrics` (Prometheus), `/healthz`, `/readyz`.
 
 Liveness means the main loop is turning (a wedged consumer thread gets the pod
-restarted); readiness means the engine is loaded, partitions are assigned and
-Redis answers, so a rollout waits for a worker that can really take work.
+restarted); readiness means the engine is loaded and Redis and Kafka answer, so a
+rollout waits for a worker that can really take work. Partitions are not a condition
+(in a group with more workers than partitions some workers rightly hold none); the
+answer's `assigned_partitions` says how many this one holds.
 """
 
 from __future__ import annotations

@@ -11,8 +11,12 @@
 # 3. export PYTHONPATH=SITE:<repo> VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1
 #    VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1, start the stack (stack-gpu.sh up: Kafka,
 #    valkey, topics; its QBATCH_* exports);
-# 4. run the command with bash -c, stop the stack (always), copy the install logs and the
-#    stack's logs into $OUT/gpu-logs; exit with the command's status.
+# 4. with QBATCH_WORKERS=N: start N qbatch workers pinned to their own GPUs
+#    (deploy/gpu/workers.sh; flags from QBATCH_WORKER_ARGS, GPUs per worker from
+#    QBATCH_GPUS_PER_WORKER) and wait until all are ready;
+# 5. run the command with bash -c, stop the workers and the stack (always), copy the
+#    install logs, the stack's logs and the workers' (one file, workers.log) into
+#    $OUT/gpu-logs; exit with the command's status.
 #
 # env: QBATCH_STAGE (/root/stage), SITE (/tmp/site), OUT (where logs go; default
 #      /tmp/qbatch-gpu-out), QBATCH_KEEP_STACK=1 (leave Kafka/valkey running afterwards),
@@ -89,6 +93,13 @@ bash "$SCRIPT_DIR/install-stack.sh" "$STAGE" >"$LOGS/install-stack.log" 2>&1 \
 export PYTHONPATH="$SITE:$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 stop_stack() {
+  if [[ -n "${QBATCH_WORKERS:-}" ]]; then
+    bash "$SCRIPT_DIR/workers.sh" stop 2>>"$LOGS/stack.log" || true
+    for f in "${QBATCH_WORKERS_DIR:-/tmp/qbatch-workers}"/w*.log; do
+      echo "==== $f"
+      cat "$f"
+    done >"$LOGS/workers.log" 2>/dev/null
+  fi
   if [[ "${QBATCH_KEEP_STACK:-0}" != 1 ]]; then
     bash "$SCRIPT_DIR/stack-gpu.sh" down 2>>"$LOGS/stack.log" || true
   fi
@@ -102,7 +113,16 @@ env_lines="$(bash "$SCRIPT_DIR/stack-gpu.sh" up 2> >(tee -a "$LOGS/stack.log" >&
 eval "$env_lines"
 log "stack up: $QBATCH_KAFKA_BOOTSTRAP $QBATCH_REDIS_URL"
 
-# -- 4. the command
+# -- 4. pinned workers
+if [[ -n "${QBATCH_WORKERS:-}" ]]; then
+  log "starting $QBATCH_WORKERS workers x ${QBATCH_GPUS_PER_WORKER:-1} GPUs: ${QBATCH_WORKER_ARGS:-}"
+  # shellcheck disable=SC2086 # QBATCH_WORKER_ARGS is a list of flags
+  bash "$SCRIPT_DIR/workers.sh" start "$QBATCH_WORKERS" ${QBATCH_WORKER_ARGS:-} \
+    || fail "workers did not start (logs in ${QBATCH_WORKERS_DIR:-/tmp/qbatch-workers})"
+  log "workers ready"
+fi
+
+# -- 5. the command
 log "running: $CMD"
 bash -c "$CMD"
 rc=$?

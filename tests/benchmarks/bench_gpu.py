@@ -30,6 +30,7 @@ plumbing; its figures mean nothing).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import multiprocessing
@@ -334,13 +335,23 @@ def _envelope(req: Req, seed: int, job: str | None = None) -> dict[str, Any]:
 
 def run_qbatch(engine: Any, reqs: list[Req], name: str, **worker_settings: Any) -> dict[str, Any]:
     """Pre-load the requests on a fresh topic, run a worker until all results are in Redis."""
+    run = re.sub(r"[^a-z0-9-]", "-", f"{name.lower()}-{uuid.uuid4().hex[:6]}")
+    topic = f"bench.{run}"
+    _create_topic(topic)
+    _preload(topic, run, run, reqs)
+    reset_prefix_cache(engine)
+    worker, thread = _start_worker(engine, run, **worker_settings)
+    seen_all = _wait_job(run, run, len(reqs), timeout_s=1800)
+    worker.request_stop()
+    thread.join(timeout=120)
+    return _summary(name, run, reqs, seen_all) | {"settings": dict(worker_settings)}
+
+
+def _preload(topic: str, prefix: str, job: str, reqs: list[Req]) -> None:
+    """The requests on `topic` before any worker takes them, as one job of `prefix`."""
     from kafka import KafkaProducer
 
-    run = re.sub(r"[^a-z0-9-]", "-", f"{name.lower()}-{uuid.uuid4().hex[:6]}")
-    topic, job = f"bench.{run}", run
-    _create_topic(topic)
-    r = _redis()
-    r.hset(f"{run}:job:{job}", mapping={"total": len(reqs), "status": "running"})
+    _redis().hset(f"{prefix}:job:{job}", mapping={"total": len(reqs), "status": "running"})
     producer = KafkaProducer(bootstrap_servers=_bootstrap(), linger_ms=20, acks="all")
     for i, req in enumerate(reqs):
         producer.send(
@@ -349,19 +360,23 @@ def run_qbatch(engine: Any, reqs: list[Req], name: str, **worker_settings: Any) 
     producer.flush()
     producer.close()
 
-    reset_prefix_cache(engine)
-    worker, thread = _start_worker(engine, run, **worker_settings)
-    deadline = time.time() + 1800
+
+def _wait_job(prefix: str, job: str, n: int, timeout_s: float) -> float:
+    """Until `n` of the job's requests succeeded; the wall time (epoch s) when they had."""
+    r = _redis()
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
-        if int(r.hget(f"{run}:job:{job}", "succeeded") or 0) >= len(reqs):
+        if int(r.hget(f"{prefix}:job:{job}", "succeeded") or 0) >= n:
             break
         time.sleep(0.02)
-    seen_all = time.time()
-    worker.request_stop()
-    thread.join(timeout=120)
+    return time.time()
+
+
+def _summary(name: str, prefix: str, reqs: list[Req], seen_all: float) -> dict[str, Any]:
+    """Throughput and latency of one run, from the results' own timings (epoch ms)."""
     results = [
         json.loads(raw)
-        for raw in r.mget([f"{run}:result:{req.rid}" for req in reqs])
+        for raw in _redis().mget([f"{prefix}:result:{req.rid}" for req in reqs])
         if raw is not None
     ]
     ok = [res for res in results if res["status"] == "succeeded"]
@@ -385,8 +400,32 @@ def run_qbatch(engine: Any, reqs: list[Req], name: str, **worker_settings: Any) 
         if len(by_group) > 1
         else {},
         "mean_batch_size": round(statistics.mean(batch_sizes), 1) if batch_sizes else None,
-        "settings": dict(worker_settings),
+        "by_worker": dict(sorted(collections.Counter(res["worker"]["id"] for res in ok).items())),
     }
+
+
+def phase_external(out: Path, n: int, label: str, timeout_s: float, warmup: int) -> None:
+    """Workload W through workers that are already running (deploy/gpu/run.sh with
+    QBATCH_WORKERS=N: N pinned workers, one group) on QBATCH_TOPIC / QBATCH_PREFIX: the
+    data-parallel layout, measured the way run_qbatch measures one in-process worker.
+    `warmup` requests go through first, untimed (each engine compiles kernels on its
+    first requests)."""
+    topic = os.environ.get("QBATCH_TOPIC", "qbatch.requests")
+    prefix = os.environ.get("QBATCH_PREFIX", "qbatch")
+    if warmup:
+        warm_job = f"{label}-warm-{uuid.uuid4().hex[:6]}"
+        warm = [
+            Req(f"{warm_job}-{q.rid}", q.prompt, q.max_tokens) for q in workload(warmup, seed=99)
+        ]
+        _preload(topic, prefix, warm_job, warm)
+        _wait_job(prefix, warm_job, len(warm), timeout_s)
+    job = f"{label}-{uuid.uuid4().hex[:6]}"
+    reqs = [Req(f"{job}-{q.rid}", q.prompt, q.max_tokens) for q in workload(n)]
+    _preload(topic, prefix, job, reqs)
+    seen_all = _wait_job(prefix, job, len(reqs), timeout_s)
+    doc = _summary(label, prefix, reqs, seen_all) | {"topic": topic}
+    print(json.dumps(doc), flush=True)
+    _write_json(out / f"external-{label}.json", doc)
 
 
 def lone_latency(
@@ -956,7 +995,8 @@ def _lanes_one_cap(
 def main() -> None:
     parser = argparse.ArgumentParser(description="Workload W: raw vLLM vs qbatch")
     parser.add_argument(
-        "phase", choices=["full", "static", "continuous", "knobs", "knob", "lanes", "report"]
+        "phase",
+        choices=["full", "static", "continuous", "knobs", "knob", "lanes", "external", "report"],
     )
     parser.add_argument("knob", nargs="?", help="knob: the configuration to run (internal)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
@@ -984,6 +1024,9 @@ def main() -> None:
         "--budget-s", type=float, default=540, help="full/knobs: stop children after this"
     )
     parser.add_argument(
+        "--label", default="external", help="external: the run's name (dp2, tp2, ...)"
+    )
+    parser.add_argument(
         "--engine", choices=["vllm", "echo"], default="vllm", help="echo: CPU dry run"
     )
     args = parser.parse_args()
@@ -1004,6 +1047,9 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown knob configs: {sorted(unknown)}")
         phase_knobs(args.out, names, dry, args.budget_s)
+        return
+    if args.phase == "external":
+        phase_external(args.out, args.n, args.label, args.budget_s, args.warmup)
         return
     if args.phase == "lanes":
         caps = [None if c == "default" else int(c) for c in args.bulk_max_inflight.split(",")]

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Stack
+from tests.integration.workers import Lane
+from tests.reliability.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -85,3 +87,56 @@ def test_knobs_run_each_configuration_in_its_own_process(stack: Stack, tmp_path:
     assert set(base["long"]["latency_s_by_group"]) == {"long", "short"}  # 8K-16K prompts fit
     table = (tmp_path / "knobs.md").read_text()
     assert "| long | no-chunked-prefill |" in table
+
+
+def test_lanes_run_one_worker_per_bulk_cap_on_one_engine(stack: Stack, tmp_path: Path) -> None:
+    bench(
+        stack,
+        tmp_path,
+        "lanes",
+        "--n",
+        "40",
+        "--every-s",
+        "0.2",
+        "--bulk-max-inflight",
+        "default,8",
+    )
+    doc = json.loads((tmp_path / "lanes.json").read_text())
+    assert [run["bulk_max_inflight"] for run in doc["runs"]] == [None, 8]
+    for run in doc["runs"]:
+        assert len(run["idle_s"]) == 15
+        assert run["bulk_alone"]["n"] == run["bulk_with_interactive"]["n"] == 40
+        assert run["summary"]["bulk_alone_req_per_s"] > 0
+
+
+def test_external_measures_workers_started_by_workers_sh(stack: Stack, tmp_path: Path) -> None:
+    """The data-parallel layout: two pinned workers (deploy/gpu/workers.sh), one group."""
+    lane = Lane.new("qbx")
+    lane.bootstrap, lane.redis_url = stack.kafka_bootstrap, stack.redis_url
+    lane.create_topics()
+    env = lane.env() | {
+        "PYTHON": sys.executable,
+        "QBATCH_ENGINE": "echo",
+        "QBATCH_AUTO_OFFSET_RESET": "earliest",
+        "QBATCH_WORKERS_DIR": str(tmp_path / "workers"),
+        "QBATCH_GPUS": "0,1",
+        "QBATCH_METRICS_PORT_BASE": str(free_port()),
+    }
+    workers = ["bash", str(REPO / "deploy" / "gpu" / "workers.sh")]
+    started = subprocess.run([*workers, "start", "2"], env=env, capture_output=True, text=True)
+    try:
+        assert started.returncode == 0, started.stderr
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.benchmarks.bench_gpu", "external", "--n", "200",
+             "--label", "dp2", "--warmup", "16", "--engine", "echo", "--out", str(tmp_path)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    finally:
+        subprocess.run([*workers, "stop"], env=env, capture_output=True, timeout=200)
+        lane.clean_redis()
+        lane.delete_topics()
+    doc = json.loads((tmp_path / "external-dp2.json").read_text())
+    assert doc["succeeded"] == doc["n"] == 200
+    assert doc["topic"] == lane.topic
+    assert sorted(doc["by_worker"]) == ["w0", "w1"] and sum(doc["by_worker"].values()) == 200
