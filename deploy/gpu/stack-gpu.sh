@@ -13,7 +13,9 @@
 # stops), progress goes to stderr.
 # env: QBATCH_KAFKA_PORT (9092), QBATCH_KAFKA_CONTROLLER_PORT (KAFKA_PORT+1),
 #      QBATCH_REDIS_PORT (6379), QBATCH_PARTITIONS (8), QBATCH_DLQ_PARTITIONS (1),
-#      QBATCH_TOPIC (qbatch.requests), QBATCH_DLQ_TOPIC (qbatch.requests.dlq),
+#      QBATCH_TOPIC (qbatch.requests), QBATCH_BULK_TOPIC (qbatch.requests.bulk),
+#      QBATCH_DLQ_TOPIC (qbatch.requests.dlq), QBATCH_RESULTS_TOPIC (qbatch.results; created,
+#      not exported),
 #      QBATCH_GPU_HOME (/tmp/kafka: jars, java, data, logs; GPU_HOME/stack.env from
 #      install-stack.sh gives QBATCH_JAVA, QBATCH_VALKEY_SERVER, QBATCH_KAFKA_JARS, QBATCH_SITE),
 #      QBATCH_KAFKA_HEAP_OPTS ("-Xms512m -Xmx2g"), QBATCH_PYTHON (python3 + SITE on PYTHONPATH),
@@ -38,8 +40,10 @@ REDIS_PORT="${QBATCH_REDIS_PORT:-6379}"
 REDIS_DB="${QBATCH_REDIS_DB:-0}"
 TOPIC="${QBATCH_TOPIC:-qbatch.requests}"
 PARTITIONS="${QBATCH_PARTITIONS:-8}"
+BULK_TOPIC="${QBATCH_BULK_TOPIC:-qbatch.requests.bulk}" # the bulk priority lane
 DLQ_TOPIC="${QBATCH_DLQ_TOPIC:-qbatch.requests.dlq}"
 DLQ_PARTITIONS="${QBATCH_DLQ_PARTITIONS:-1}"
+RESULTS_TOPIC="${QBATCH_RESULTS_TOPIC:-qbatch.results}" # created, not exported: opt in per worker
 KAFKA_START_TIMEOUT="${QBATCH_KAFKA_START_TIMEOUT:-60}"
 KAFKA_HEAP_OPTS="${QBATCH_KAFKA_HEAP_OPTS:--Xms512m -Xmx2g}"
 JAVA="${QBATCH_JAVA:-$GPU_HOME/java/bin/java}"
@@ -254,11 +258,13 @@ wait_kafka() {
 ensure_topics() {
   local rc=0 t p out
   out="$(kafka_ctl topics --bootstrap "$BOOTSTRAP" --timeout 30 \
-    "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" 2>&1)" || rc=$?
+    "$TOPIC:$PARTITIONS" "$BULK_TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" \
+    "$RESULTS_TOPIC:$PARTITIONS" 2>&1)" || rc=$?
   [[ -z "$out" ]] || sed 's/^/stack-gpu: /' <<<"$out" >&2
   if ((rc == 127)); then
     rc=0
-    for t in "$TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS"; do
+    for t in "$TOPIC:$PARTITIONS" "$BULK_TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" \
+      "$RESULTS_TOPIC:$PARTITIONS"; do
       p="${t##*:}"
       t="${t%:*}"
       java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --create \
@@ -273,6 +279,7 @@ print_env() {
 export QBATCH_KAFKA_BOOTSTRAP=$BOOTSTRAP
 export QBATCH_REDIS_URL=$REDIS_URL
 export QBATCH_TOPIC=$TOPIC
+export QBATCH_BULK_TOPIC=$BULK_TOPIC
 export QBATCH_DLQ_TOPIC=$DLQ_TOPIC
 EOF
 }
