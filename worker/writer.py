@@ -191,6 +191,11 @@ class Writer:
             stored = self._retrying(store, lambda: store.stored(ids))
             for reply in again:
                 reply.stored = stored.get(reply.answered) if reply.answered else None
+            gone = [r.answered for r in again if r.answered and r.stored is None]
+            if gone:
+                # Answered before, but the result expired (result_ttl_s) before this
+                # redelivery: the other sinks get nothing to republish for it.
+                log.warning("stored_result_missing", count=len(gone), request_ids=gone[:10])
 
     def _record_duplicate(self, reply: Reply, now_ms: int) -> None:
         store = self.store

@@ -221,3 +221,18 @@ def test_the_transactional_buffer_ignores_stale_results_and_refuses_oversized_on
     with pytest.raises(SinkRefused):
         sink.write([big], 0)
     assert sink.pending() == 1
+
+
+def test_an_answered_request_whose_result_expired_is_logged() -> None:
+    """Answered before, its result gone (result_ttl_s) by the redelivery: the topic gets
+    nothing to republish, and the operator gets a line saying which."""
+    from structlog.testing import capture_logs
+
+    store, topic = Store(), Topic()
+    writer, done, _ = make(store, topic)
+    with capture_logs() as logs:
+        writer.write([Reply(TP, 7, "record-7", None, answered="expired")])
+    assert topic.got == [("expired", None, None)]
+    assert done == [[(TP, 7, 0)]]
+    [line] = [e for e in logs if e["event"] == "stored_result_missing"]
+    assert line["count"] == 1 and line["request_ids"] == ["expired"]
