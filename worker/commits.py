@@ -123,6 +123,7 @@ class TransactionalCommitter:
             queue.SimpleQueue()
         )
         self._busy = False
+        self._fault: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="qbatch-txn", daemon=True)
         self._thread.start()
 
@@ -156,6 +157,8 @@ class TransactionalCommitter:
             self._done.put((offsets, ok))
 
     def completed(self) -> list[Offsets]:
+        if self._fault is not None:
+            raise self._fault  # sticky: a rebalance callback that saw it may have swallowed it
         out: list[Offsets] = []
         while True:
             try:
@@ -164,6 +167,7 @@ class TransactionalCommitter:
                 return out
             self._busy = False
             if isinstance(item, BaseException):
+                self._fault = item
                 raise item
             offsets, ok = item
             if ok:
@@ -181,7 +185,7 @@ class TransactionalCommitter:
         return self.completed()
 
     def assigned(self, partitions: set[TopicPartition]) -> None:
-        self._sink.owned(partitions)
+        return  # the sink tells assignments apart by epoch (set at the revoke)
 
     def revoked(
         self, partitions: set[TopicPartition], epochs: Mapping[TopicPartition, int]

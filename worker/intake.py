@@ -35,6 +35,8 @@ from worker.supervision import StrikeBook, Suspect, Verdict
 
 _QUEUE_POLL_S = 0.05
 _LAG_INTERVAL_S = 5.0
+_TXN_SETTLE_S = 30.0
+"""How long a revoke waits for a transaction in flight (well inside max_poll_interval)."""
 
 Done = list[tuple[TopicPartition, int, int]]
 """(partition, offset, assignment epoch) of records every sink now holds."""
@@ -364,6 +366,13 @@ class Intake:
     def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Commit what is done; what is not will be redelivered to the new owner."""
         self.absorb_written()
+        if self.committer.rewinds_to_commit:
+            # A transaction still running may yet commit these partitions (the group
+            # accepts this member's generation until it rejoins), or may have committed
+            # unread: wait for it, so the seek-back below starts from the real commit
+            # (from an older one, the next transaction would publish results again).
+            with contextlib.suppress(Exception):  # a fault stays sticky in the committer
+                self._committed(self.committer.settle(timeout_s=_TXN_SETTLE_S))
         dropped = self.batcher.drop(lambda item: item.tp in revoked)
         for tp in revoked:
             # Where to come back to if this partition stays here: the first record not

@@ -116,8 +116,8 @@ log "stack up: $QBATCH_KAFKA_BOOTSTRAP $QBATCH_REDIS_URL"
 # -- 4. pinned workers
 if [[ -n "${QBATCH_WORKERS:-}" ]]; then
   log "starting $QBATCH_WORKERS workers x ${QBATCH_GPUS_PER_WORKER:-1} GPUs: ${QBATCH_WORKER_ARGS:-}"
-  # shellcheck disable=SC2086 # QBATCH_WORKER_ARGS is a list of flags
-  bash "$SCRIPT_DIR/workers.sh" start "$QBATCH_WORKERS" ${QBATCH_WORKER_ARGS:-} \
+  read -r -a worker_args <<<"${QBATCH_WORKER_ARGS:-}" # words, never globbed (nullglob is on)
+  bash "$SCRIPT_DIR/workers.sh" start "$QBATCH_WORKERS" "${worker_args[@]}" \
     || fail "workers did not start (logs in ${QBATCH_WORKERS_DIR:-/tmp/qbatch-workers})"
   log "workers ready"
 fi

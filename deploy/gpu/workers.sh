@@ -8,9 +8,12 @@
 #   bash deploy/gpu/workers.sh status
 #
 # Worker i (0-based) gets CUDA_VISIBLE_DEVICES = GPUs i*G .. i*G+G-1 of QBATCH_GPUS,
+# (else of an inherited CUDA_VISIBLE_DEVICES, else of what nvidia-smi lists),
 # QBATCH_TENSOR_PARALLEL_SIZE=G, QBATCH_WORKER_ID=<QBATCH_WORKER_ID_PREFIX>w<i> and
 # QBATCH_METRICS_PORT=<QBATCH_METRICS_PORT_BASE>+i; everything else (topics, Redis, engine,
-# model) comes from the caller's QBATCH_* environment and the flags, the same for all.
+# model) comes from the caller's QBATCH_* environment and the flags, the same for all
+# (flags that the script sets per worker are refused). Each worker is its own process
+# group (setsid), so a kill -9 at the stop timeout takes its engine processes too.
 # Why a script and not one process with N engines: a worker owns one engine, and the
 # group's rebalancing already spreads partitions over workers (and moves them when one dies).
 #
@@ -46,6 +49,10 @@ pids() {
 
 alive() { kill -0 "$1" 2>/dev/null; }
 
+is_worker() { # pid -> 0 when it is (still) one of ours, not a reused pid
+  alive "$1" && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q -- '-m worker.cli'
+}
+
 ready() { # port -> 0 when /readyz answers 200 (and, unless told not to, with partitions)
   "$PY" - "$1" "${QBATCH_WORKER_WAIT_ASSIGNED:-1}" <<'EOF' 2>/dev/null
 import json, sys, urllib.request
@@ -60,8 +67,8 @@ EOF
 }
 
 gpu_list() { # the GPU ids to share out, one per line
-  if [[ -n "${QBATCH_GPUS:-}" ]]; then
-    tr ',' '\n' <<<"$QBATCH_GPUS" | sed '/^$/d'
+  if [[ -n "${QBATCH_GPUS:-${CUDA_VISIBLE_DEVICES:-}}" ]]; then
+    tr ',' '\n' <<<"${QBATCH_GPUS:-$CUDA_VISIBLE_DEVICES}" | sed '/^$/d'
   elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     nvidia-smi --query-gpu=index --format=csv,noheader
   else
@@ -74,10 +81,19 @@ start() {
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || usage
   [[ "$G" =~ ^[1-9][0-9]*$ ]] || die "QBATCH_GPUS_PER_WORKER must be a positive integer, got '$G'"
   shift
+  local flag
+  for flag in "$@"; do
+    case "$flag" in
+      --metrics-port* | --worker-id* | --tensor-parallel-size*)
+        die "$flag is set per worker by workers.sh (QBATCH_METRICS_PORT_BASE, QBATCH_WORKER_ID_PREFIX, QBATCH_GPUS_PER_WORKER)"
+        ;;
+    esac
+  done
   mkdir -p "$DIR"
   if [[ -n "$(pids)" ]]; then
     die "workers already started in $DIR (workers.sh stop first)"
   fi
+  rm -f "$DIR"/w*.log
   mapfile -t gpus < <(gpu_list $((n * G)))
   ((${#gpus[@]} >= n * G)) \
     || die "$n workers x $G GPUs need $((n * G)) GPUs; there are ${#gpus[@]} (${gpus[*]:-none})"
@@ -91,7 +107,7 @@ start() {
       QBATCH_TENSOR_PARALLEL_SIZE="$G" \
       QBATCH_WORKER_ID="${QBATCH_WORKER_ID_PREFIX:-}w$i" \
       QBATCH_METRICS_PORT=$((PORT_BASE + i)) \
-      nohup "$PY" -m worker.cli "$@" >"$DIR/w$i.log" 2>&1 </dev/null &
+      setsid "$PY" -m worker.cli "$@" >"$DIR/w$i.log" 2>&1 </dev/null &
     echo $! >"$DIR/w$i.pid"
     say "w$i pid $! CUDA_VISIBLE_DEVICES=$devices metrics :$((PORT_BASE + i)) log $DIR/w$i.log"
   done
@@ -102,29 +118,36 @@ start() {
       i=${name#w}
       if ! alive "$pid"; then
         tail -n 20 "$DIR/$name.log" >&2
+        stop
         die "$name (pid $pid) exited before it was ready"
       fi
       ready $((PORT_BASE + i)) || waiting=$((waiting + 1))
     done < <(pids)
     ((waiting == 0)) && break
-    ((SECONDS < deadline)) || die "$waiting of $n workers not ready after ${QBATCH_WORKER_READY_TIMEOUT_S:-900} s"
+    if ((SECONDS >= deadline)); then
+      stop
+      die "$waiting of $n workers not ready after ${QBATCH_WORKER_READY_TIMEOUT_S:-900} s"
+    fi
     sleep 1
   done
   say "$n workers ready"
 }
 
 stop() {
+  # SIGTERM to the worker (it drains and stops its engine); kill -9 to its whole process
+  # group (setsid at start), so an engine child process cannot keep holding a GPU.
   local name pid deadline
   while read -r name pid; do
-    alive "$pid" && kill -TERM "$pid"
+    is_worker "$pid" && kill -TERM "$pid"
   done < <(pids)
   deadline=$((SECONDS + ${QBATCH_WORKER_STOP_TIMEOUT_S:-150}))
   while read -r name pid; do
-    while alive "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
-    if alive "$pid"; then
-      say "$name (pid $pid) still running after the stop timeout: kill -9"
-      kill -KILL "$pid" 2>/dev/null
+    while is_worker "$pid" && ((SECONDS < deadline)); do sleep 0.2; done
+    if is_worker "$pid"; then
+      say "$name (pid $pid) still running after the stop timeout: kill -9 (its process group)"
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
     else
+      kill -KILL -- "-$pid" 2>/dev/null # what is left of its group (engine children)
       say "$name (pid $pid) stopped"
     fi
     rm -f "$DIR/$name.pid"

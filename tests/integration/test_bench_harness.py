@@ -121,9 +121,13 @@ def test_external_measures_workers_started_by_workers_sh(stack: Stack, tmp_path:
         "QBATCH_WORKERS_DIR": str(tmp_path / "workers"),
         "QBATCH_GPUS": "0,1",
         "QBATCH_METRICS_PORT_BASE": str(free_port()),
+        "QBATCH_WORKER_READY_TIMEOUT_S": "60",
+        "QBATCH_WORKER_ID_PREFIX": f"{lane.prefix}-",
     }
     workers = ["bash", str(REPO / "deploy" / "gpu" / "workers.sh")]
-    started = subprocess.run([*workers, "start", "2"], env=env, capture_output=True, text=True)
+    started = subprocess.run(
+        [*workers, "start", "2"], env=env, capture_output=True, text=True, timeout=120
+    )
     try:
         assert started.returncode == 0, started.stderr
         proc = subprocess.run(
@@ -139,4 +143,5 @@ def test_external_measures_workers_started_by_workers_sh(stack: Stack, tmp_path:
     doc = json.loads((tmp_path / "external-dp2.json").read_text())
     assert doc["succeeded"] == doc["n"] == 200
     assert doc["topic"] == lane.topic
-    assert sorted(doc["by_worker"]) == ["w0", "w1"] and sum(doc["by_worker"].values()) == 200
+    assert sorted(doc["by_worker"]) == [f"{lane.prefix}-w0", f"{lane.prefix}-w1"]
+    assert sum(doc["by_worker"].values()) == 200

@@ -13,6 +13,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import redis
 
 from tests.integration.workers import REPO
@@ -93,8 +94,10 @@ def test_two_workers_pinned_to_their_gpus_share_one_group(
         assert event["clean"] is True
 
 
-def test_too_few_gpus_start_nothing(lane: EnvLane, tmp_path: Path) -> None:
-    env = {"QBATCH_GPUS": "0,1,2", "QBATCH_GPUS_PER_WORKER": "2"}
+@pytest.mark.parametrize("source", ["QBATCH_GPUS", "CUDA_VISIBLE_DEVICES"])
+def test_too_few_gpus_start_nothing(lane: EnvLane, tmp_path: Path, source: str) -> None:
+    """The GPUs to share out: QBATCH_GPUS, else an inherited CUDA_VISIBLE_DEVICES."""
+    env = {source: "0,1,2", "QBATCH_GPUS_PER_WORKER": "2"}
     result = workers_sh(lane, tmp_path, "start", "2", **env)
     assert result.returncode == 2
     assert "2 workers x 2 GPUs need 4 GPUs; there are 3 (0 1 2)" in result.stderr
@@ -103,10 +106,13 @@ def test_too_few_gpus_start_nothing(lane: EnvLane, tmp_path: Path) -> None:
 
 def test_a_worker_that_cannot_start_fails_the_start(lane: EnvLane, tmp_path: Path) -> None:
     env = {"QBATCH_GPUS": "0", "QBATCH_METRICS_PORT_BASE": str(free_port())}
-    result = workers_sh(lane, tmp_path, "start", "1", "--no-such-flag", **env)
+    try:
+        result = workers_sh(lane, tmp_path, "start", "1", "--no-such-flag", **env)
+    finally:
+        workers_sh(lane, tmp_path, "stop")
     assert result.returncode == 2
     assert "w0 (pid" in result.stderr and "exited before it was ready" in result.stderr
-    workers_sh(lane, tmp_path, "stop")
+    assert not list((tmp_path / "workers").glob("w*.pid"))  # the start cleaned up
 
 
 def test_usage_errors(lane: EnvLane, tmp_path: Path) -> None:
@@ -116,4 +122,7 @@ def test_usage_errors(lane: EnvLane, tmp_path: Path) -> None:
         assert "usage: workers.sh" in result.stderr
     bad_g = workers_sh(lane, tmp_path, "start", "1", QBATCH_GPUS_PER_WORKER="0")
     assert bad_g.returncode == 2 and "positive integer" in bad_g.stderr
+    for flag in ("--metrics-port", "--worker-id=x", "--tensor-parallel-size"):
+        own = workers_sh(lane, tmp_path, "start", "1", flag, "5", QBATCH_GPUS="0")
+        assert own.returncode == 2 and "is set per worker by workers.sh" in own.stderr, flag
     assert not list((tmp_path / "workers").glob("w*.pid"))

@@ -236,22 +236,28 @@ def test_a_fenced_transactional_producer_is_replaced(
     assert len(seen) == n and max(seen.values()) == 1
 
 
+@pytest.mark.parametrize("commit_ms", ["3000", "200"], ids=["commits-3s", "commits-200ms"])
 def test_rebalances_keep_the_transactional_topic_exactly_once(
-    results_lane: EnvLane, redis_client: redis.Redis, spawn: Any
+    results_lane: EnvLane, redis_client: redis.Redis, spawn: Any, commit_ms: str
 ) -> None:
     """Another member joins the group mid-stream and leaves again: every partition is
     revoked (kafka-python rebalances eagerly) and comes back to the worker, which must
     seek to its last commit (the answered results held for the next commit are dropped)
-    and ignore results of the old assignment still on their way."""
+    and ignore results of the old assignment still on their way. Commits 3 s apart: at
+    each revoke the worker holds many answered, uncommitted results (and a transaction
+    in flight fails with IllegalGeneration). 200 ms apart (the default): a transaction
+    is nearly always running at the revoke and may still commit; the seek-back must
+    start from that commit, or its results are published twice."""
     lane, n = results_lane, 3_000
     new_job(redis_client, lane.prefix, "jr", n)
     envs = [chat(f"r{i}", f"rebalance {i}", job_id="jr") for i in range(n)]
     produce_envelopes(lane, envs)
-    # commits 3 s apart: at each revoke the worker holds answered, uncommitted results
-    slow_commits = ("--commit-interval-ms", "3000")
-    worker = spawn(lane, *TXN, *slow_commits, "--echo-delay-ms", "20", "--max-inflight", "512")
+    flags = ("--commit-interval-ms", commit_ms, "--echo-delay-ms", "20", "--max-inflight", "512")
+    worker = spawn(lane, *TXN, *flags)
     for share in (0.25, 0.5):
+        deadline = time.monotonic() + 120
         while int(redis_client.hget(f"{lane.prefix}:job:jr", "succeeded") or 0) < n * share:
+            assert worker.poll() is None and time.monotonic() < deadline
             time.sleep(0.02)
         visitor = KafkaConsumer(
             lane.topic,
@@ -263,7 +269,9 @@ def test_rebalances_keep_the_transactional_topic_exactly_once(
         deadline = time.monotonic() + 20
         while not visitor.assignment() and time.monotonic() < deadline:
             visitor.poll(timeout_ms=200, max_records=1)
+        took = visitor.assignment()
         visitor.close(autocommit=False)  # takes nothing with it: its share comes back
+        assert took, "the visitor never got a partition: no rebalance happened"
     assert wait_job(redis_client, lane.prefix, "jr", n, 180) == n
     records = read_results(lane, n, 120, settle_s=5)
     seen = counts(records)

@@ -206,7 +206,6 @@ def test_the_transactional_buffer_ignores_stale_results_and_refuses_oversized_on
     assert sink.pending() == 2
     sink.drop({TP}, {TP: 1})  # revoked: its held results go, the epoch moves on
     assert sink.pending() == 0
-    sink.owned({TP})
     late = reply("c", 2)  # taken before the revoke (epoch 0), answered after it
     sink.write([late], 0)
     assert sink.pending() == 0
@@ -221,6 +220,57 @@ def test_the_transactional_buffer_ignores_stale_results_and_refuses_oversized_on
     with pytest.raises(SinkRefused):
         sink.write([big], 0)
     assert sink.pending() == 1
+    # under the limit by its value alone, over it as a record (key, headers, framing):
+    # kafka-python would refuse it inside every transaction after it
+    near = reply("f", 5)
+    near.epoch = 1
+    assert near.result is not None
+    near.result = near.result.model_copy(update={"metadata": {"x": "y" * 1500}})
+    assert 2048 - 512 < len(near.encoded()) < 2048
+    with pytest.raises(SinkRefused, match="framing"):
+        sink.write([near], 0)
+    assert sink.pending() == 1
+
+
+def test_a_failed_transaction_puts_back_only_the_current_assignments_results() -> None:
+    from kafka.errors import KafkaError
+
+    from worker.config import WorkerSettings
+    from worker.sinks.kafka_sink import KafkaResultsSink
+
+    class Producer:
+        on_send: Any = None
+
+        def init_transactions(self) -> None:
+            return
+
+        def begin_transaction(self) -> None:
+            return
+
+        def send(self, *_args: Any, **_kwargs: Any) -> None:
+            if self.on_send is not None:
+                self.on_send()
+
+        def send_offsets_to_transaction(self, *_args: Any) -> None:
+            return
+
+        def commit_transaction(self) -> None:
+            raise KafkaError("IllegalGeneration")
+
+        def abort_transaction(self) -> None:
+            return
+
+    settings = WorkerSettings(engine="echo", results_topic="r", results_transactional=True)
+    producer = Producer()
+    sink = KafkaResultsSink(settings, producer=producer)
+    sink.write([reply("a", 0), reply("b", 1)], 0)
+    assert sink.commit_transaction({TP: 2}, group=None) is False
+    assert sink.pending() == 2  # same assignment: back in the buffer for the next try
+    # revoked (and maybe assigned back) while the transaction ran: not put back, the
+    # records come again from the last commit
+    producer.on_send = lambda: sink.drop({TP}, {TP: 1})
+    assert sink.commit_transaction({TP: 2}, group=None) is False
+    assert sink.pending() == 0
 
 
 def test_an_answered_request_whose_result_expired_is_logged() -> None:

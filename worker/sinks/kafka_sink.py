@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kafka import KafkaProducer
@@ -63,6 +64,15 @@ Record = tuple[bytes, bytes, list[tuple[str, bytes]]]
 Held = dict[TopicPartition, dict[int, Record]]
 
 
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What one transaction took from the buffer, and the partitions' epochs then: a
+    failed transaction puts back only what is still of the current assignment."""
+
+    held: Held
+    epochs: dict[TopicPartition, int]
+
+
 class TransactionFenced(RuntimeError):
     """Another producer took this transactional.id: this worker must stop."""
 
@@ -77,6 +87,19 @@ def _record(reply: Reply) -> Record | None:
     if reply.stored is not None and reply.answered is not None:
         return reply.answered.encode("utf-8"), reply.stored, _stored_headers(reply.stored)
     return None
+
+
+_RECORD_FRAMING = 512
+"""Bytes beyond key, value and headers that kafka-python counts against max_request_size
+(record batch header, record varints, attribute bytes), rounded up: a result that fits
+the check must never fail `send` inside every transaction after it."""
+
+
+def _record_size(rec: Record) -> int:
+    key, value, headers = rec
+    return (
+        len(key) + len(value) + sum(len(k.encode()) + len(v) for k, v in headers) + _RECORD_FRAMING
+    )
 
 
 def _stored_headers(value: bytes) -> list[tuple[str, bytes]]:
@@ -133,8 +156,6 @@ class KafkaResultsSink(ReplySink):
         self._lock = threading.Lock()
         self._buffer: dict[TopicPartition, dict[int, Record]] = {}
         self._buffered = 0
-        self._dropped: set[TopicPartition] = set()
-        """Revoked partitions: a failed transaction's results for them are not put back."""
         self._epochs: dict[TopicPartition, int] = {}
         """Current assignment epoch per partition: results of an older one are stale."""
         self._max_bytes = settings.results_max_record_bytes
@@ -148,10 +169,10 @@ class KafkaResultsSink(ReplySink):
         written = WriteReply(WriteStatus.written)
         records = [(reply, _record(reply)) for reply in replies]
         for _reply, rec in records:  # before anything is sent or held: refuse the chunk whole
-            if rec is not None and len(rec[1]) > self._max_bytes:
+            if rec is not None and _record_size(rec) > self._max_bytes:
                 raise SinkRefused(
-                    f"result of {len(rec[1])} bytes, over results_max_record_bytes "
-                    f"{self._max_bytes}"
+                    f"result record of {_record_size(rec)} bytes (key, value, headers and "
+                    f"framing), over results_max_record_bytes {self._max_bytes}"
                 )
         if self.transactional:
             with self._lock:
@@ -208,12 +229,7 @@ class KafkaResultsSink(ReplySink):
         with self._lock:
             for tp in partitions:
                 self._buffered -= len(self._buffer.pop(tp, {}))
-                self._dropped.add(tp)
                 self._epochs[tp] = epochs.get(tp, self._epochs.get(tp, 0) + 1)
-
-    def owned(self, partitions: Iterable[TopicPartition]) -> None:
-        with self._lock:
-            self._dropped.difference_update(partitions)
 
     def commit_transaction(self, offsets: Mapping[TopicPartition, int], group: Any) -> bool:
         """Publish the buffered results below `offsets` and commit the offsets, atomically.
@@ -231,9 +247,9 @@ class KafkaResultsSink(ReplySink):
             producer = self._ready_producer()
             forget_stale_txn_offsets(producer)  # else an aborted one's offsets come along
             producer.begin_transaction()
-            for tp in sorted(taken, key=lambda t: (t.topic, t.partition)):
-                for off in sorted(taken[tp]):
-                    key, value, headers = taken[tp][off]
+            for tp in sorted(taken.held, key=lambda t: (t.topic, t.partition)):
+                for off in sorted(taken.held[tp]):
+                    key, value, headers = taken.held[tp][off]
                     producer.send(self.topic, key=key, value=value, headers=headers)
             producer.send_offsets_to_transaction(
                 {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}, group
@@ -249,11 +265,11 @@ class KafkaResultsSink(ReplySink):
             return False
         return True
 
-    def _take(
-        self, offsets: Mapping[TopicPartition, int]
-    ) -> dict[TopicPartition, dict[int, Record]]:
+    def _take(self, offsets: Mapping[TopicPartition, int]) -> Taken:
+        """The buffered results below `offsets`, with each partition's epoch at the take."""
         taken: Held = {}
         with self._lock:
+            epochs = {tp: self._epochs.get(tp, 0) for tp in offsets}
             for tp, upto in offsets.items():
                 part = self._buffer.get(tp)
                 if not part:
@@ -263,13 +279,13 @@ class KafkaResultsSink(ReplySink):
                     del part[off]
                 self._buffered -= len(mine)
                 taken[tp] = mine
-        return taken
+        return Taken(taken, epochs)
 
-    def _put_back(self, taken: Held) -> None:
+    def _put_back(self, taken: Taken) -> None:
         with self._lock:
-            for tp, mine in taken.items():
-                if tp in self._dropped:
-                    continue  # revoked while the transaction ran: the new owner has them
+            for tp, mine in taken.held.items():
+                if self._epochs.get(tp, 0) != taken.epochs.get(tp, 0):
+                    continue  # revoked while the transaction ran (maybe back): stale now
                 part = self._buffer.setdefault(tp, {})
                 for off, rec in mine.items():
                     if off not in part:

@@ -1,0 +1,107 @@
+"""Intake's rebalance callbacks with transactional results, without sockets: where a
+partition that comes back is sought to (its last commit, after the transaction that
+was running at the revoke has finished), and which completions still count."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from kafka.structs import TopicPartition
+
+from worker.config import WorkerSettings
+from worker.intake import Intake
+from worker.records import DispatchQueue
+from worker.supervision import StrikeBook
+
+TP = TopicPartition("qbatch.requests", 0)
+
+
+class Consumer:
+    def __init__(self) -> None:
+        self.seeks: list[tuple[TopicPartition, int]] = []
+        self.owned: set[TopicPartition] = set()
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.owned)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+    def reapply_pause(self, partitions: set[TopicPartition]) -> None:
+        return
+
+
+class TransactionalCommitter:
+    """A transaction for offsets below `in_flight` is running when the revoke comes."""
+
+    rewinds_to_commit = True
+
+    def __init__(self, in_flight: dict[TopicPartition, int], commits: bool) -> None:
+        self.in_flight, self.commits = in_flight, commits
+        self.settled = False
+
+    def commit(self, offsets: Mapping[TopicPartition, int], *, blocking: bool = True) -> bool:
+        return False
+
+    def completed(self) -> list[Mapping[TopicPartition, int]]:
+        return []
+
+    def settle(self, timeout_s: float) -> list[Mapping[TopicPartition, int]]:
+        self.settled = True
+        return [self.in_flight] if self.commits else []
+
+    def assigned(self, partitions: set[TopicPartition]) -> None:
+        return
+
+    def revoked(
+        self, partitions: set[TopicPartition], epochs: Mapping[TopicPartition, int]
+    ) -> None:
+        self.revoked_epochs = dict(epochs)
+
+    def close(self) -> None:
+        return
+
+
+def intake(committer: Any, consumer: Consumer) -> Intake:
+    return Intake(
+        WorkerSettings(engine="echo"),
+        consumer,  # type: ignore[arg-type]
+        committer,
+        None,
+        DispatchQueue(),
+        queue.SimpleQueue(),
+        strikes=StrikeBook(),
+        worker_info=lambda *a, **k: None,
+        pending_in_sinks=lambda: 0,
+        sinks_ok=lambda: True,
+        on_assigned=lambda n: None,
+    )
+
+
+@pytest.mark.parametrize("commits", [True, False], ids=["it-commits", "it-fails"])
+def test_a_partition_that_comes_back_is_sought_to_the_settled_commit(commits: bool) -> None:
+    consumer = Consumer()
+    committer = TransactionalCommitter({TP: 10}, commits=commits)
+    it = intake(committer, consumer)
+    consumer.owned = {TP}
+    it.on_assigned({TP})
+    for offset in range(10):  # ten records taken and answered; their results wait for
+        it.tracker.track(TP, offset)  # the transaction that is running
+    it._mark_done([(TP, offset, 0) for offset in range(10)])
+
+    it.on_revoked({TP})
+    assert committer.settled
+    assert committer.revoked_epochs == {TP: 1}
+    it.on_assigned({TP})  # eager rebalance: the same partition comes back
+    # committed by the running transaction: nothing to take again (a seek to 0 would
+    # publish those ten results a second time); failed: all ten come again
+    assert consumer.seeks == ([] if commits else [(TP, 0)])
+    # a completion of the old assignment does not count for the new one
+    it.tracker.track(TP, 10)
+    it._mark_done([(TP, 10, 0)])
+    assert it.tracker.in_flight == 1
+    it._mark_done([(TP, 10, 1)])
+    assert it.tracker.in_flight == 0
