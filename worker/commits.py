@@ -44,12 +44,7 @@ class Committer(Protocol):
     def settle(self, timeout_s: float) -> list[Offsets]:
         """Wait for a background commit in flight (draining); returns what `completed` would."""
 
-    def assigned(self, partitions: set[TopicPartition]) -> None:
-        """Partitions this worker owns (again)."""
-
-    def revoked(
-        self, partitions: set[TopicPartition], epochs: Mapping[TopicPartition, int]
-    ) -> None:
+    def revoked(self, partitions: set[TopicPartition], epochs: Epochs) -> None:
         """Forget what is held for partitions this worker no longer owns; `epochs`: their
         new assignment epochs (results of older ones are stale)."""
 
@@ -89,12 +84,7 @@ class ConsumerCommitter:
     def settle(self, timeout_s: float) -> list[Offsets]:
         return []
 
-    def assigned(self, partitions: set[TopicPartition]) -> None:
-        return
-
-    def revoked(
-        self, partitions: set[TopicPartition], epochs: Mapping[TopicPartition, int]
-    ) -> None:
+    def revoked(self, partitions: set[TopicPartition], epochs: Epochs) -> None:
         return
 
     def close(self) -> None:
@@ -184,12 +174,7 @@ class TransactionalCommitter:
         self._done.put(item)
         return self.completed()
 
-    def assigned(self, partitions: set[TopicPartition]) -> None:
-        return  # the sink tells assignments apart by epoch (set at the revoke)
-
-    def revoked(
-        self, partitions: set[TopicPartition], epochs: Mapping[TopicPartition, int]
-    ) -> None:
+    def revoked(self, partitions: set[TopicPartition], epochs: Epochs) -> None:
         self._sink.drop(partitions, epochs)
 
     def close(self) -> None:

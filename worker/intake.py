@@ -29,7 +29,7 @@ from worker.kafka_io import DeadLetters, RequestConsumer, time_in_kafka_s
 from worker.lanes import LaneGate, LaneLoad
 from worker.logs import log
 from worker.offsets import OffsetTracker
-from worker.records import DispatchQueue, Finished, Inbound, Reply
+from worker.records import DispatchQueue, Done, Finished, Inbound, Reply
 from worker.results import refused_result
 from worker.supervision import StrikeBook, Suspect, Verdict
 
@@ -37,9 +37,6 @@ _QUEUE_POLL_S = 0.05
 _LAG_INTERVAL_S = 5.0
 _TXN_SETTLE_S = 30.0
 """How long a revoke waits for a transaction in flight (well inside max_poll_interval)."""
-
-Done = list[tuple[TopicPartition, int, int]]
-"""(partition, offset, assignment epoch) of records every sink now holds."""
 
 
 class Intake:
@@ -358,7 +355,6 @@ class Intake:
             if tp in rewind:
                 self.consumer.seek(tp, rewind[tp])
         self.tracker.assign(assigned)
-        self.committer.assigned(assigned)
         self.consumer.reapply_pause(assigned)
         self._on_assigned_count(len(self.consumer.assignment()))
         log.info("partitions_assigned", partitions=_names(assigned))

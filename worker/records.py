@@ -87,6 +87,11 @@ class Reply:
         return cached[1]
 
 
+Done = list[tuple[TopicPartition, int, int]]
+"""(partition, offset, the partition's assignment epoch when the record was taken) of
+records every sink now holds: what the writer hands back to intake."""
+
+
 class DispatchQueue:
     """Micro-batches waiting for the dispatcher, best lane first, then in arrival order:
     an interactive batch never waits behind bulk batches already queued (a poll can
@@ -111,4 +116,4 @@ class DispatchQueue:
         return self._q.qsize()
 
 
-__all__ = ["DispatchQueue", "Finished", "Inbound", "Reply", "Running"]
+__all__ = ["DispatchQueue", "Done", "Finished", "Inbound", "Reply", "Running"]

@@ -19,24 +19,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from kafka.structs import TopicPartition
-
 from schemas import ContractError, ErrorCode, ResultEnvelope, WorkerInfo
 from schemas.ref import RequestRef
 from schemas.replies import WriteReply, WriteStatus
 from worker import failpoints, metrics
 from worker.kafka_io import DeadLetters
 from worker.logs import log
-from worker.records import Finished, Reply
+from worker.records import Done, Finished, Reply
 from worker.results import duplicate_result, finished_result
 from worker.sinks.base import ReplySink, SinkHealth, SinkRefused, SinkUnavailable
 from worker.supervision import Suspect
 
 T = TypeVar("T")
 _QUEUE_POLL_S = 0.05
-
-Done = list[tuple[TopicPartition, int, int]]
-"""(partition, offset, the partition's assignment epoch when the record was taken)."""
 
 
 class GiveUp(Exception):
@@ -316,7 +311,7 @@ class Writer:
             return value
 
 
-def _observe(result: ResultEnvelope, now_ms: int, lane: str | None = None) -> None:
+def _observe(result: ResultEnvelope, now_ms: int, lane: str) -> None:
     code = result.error.code.value if result.error else ""
     metrics.REQUESTS.labels(result.status.value, code).inc()
     t = result.timings
@@ -327,12 +322,11 @@ def _observe(result: ResultEnvelope, now_ms: int, lane: str | None = None) -> No
     if t.submitted is not None:
         e2e = max(0, now_ms - t.submitted) / 1000
         metrics.E2E_LATENCY.observe(e2e)
-        if lane is not None:
-            metrics.LANE_LATENCY.labels(lane).observe(e2e)
+        metrics.LANE_LATENCY.labels(lane).observe(e2e)
 
 
 def _epoch_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-__all__ = ["Done", "GiveUp", "Writer"]
+__all__ = ["GiveUp", "Writer"]

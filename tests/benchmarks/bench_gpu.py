@@ -347,16 +347,18 @@ def run_qbatch(engine: Any, reqs: list[Req], name: str, **worker_settings: Any) 
     return _summary(name, run, reqs, seen_all) | {"settings": dict(worker_settings)}
 
 
-def _preload(topic: str, prefix: str, job: str, reqs: list[Req]) -> None:
-    """The requests on `topic` before any worker takes them, as one job of `prefix`."""
+def _preload(
+    topic: str, prefix: str, job: str, reqs: list[Req], extra: dict[str, Any] | None = None
+) -> None:
+    """The requests on `topic` before any worker takes them, as one job of `prefix`;
+    `extra`: envelope fields every request gets (e.g. a priority)."""
     from kafka import KafkaProducer
 
     _redis().hset(f"{prefix}:job:{job}", mapping={"total": len(reqs), "status": "running"})
     producer = KafkaProducer(bootstrap_servers=_bootstrap(), linger_ms=20, acks="all")
     for i, req in enumerate(reqs):
-        producer.send(
-            topic, key=req.rid.encode(), value=json.dumps(_envelope(req, i, job)).encode()
-        )
+        env = _envelope(req, i, job) | (extra or {})
+        producer.send(topic, key=req.rid.encode(), value=json.dumps(env).encode())
     producer.flush()
     producer.close()
 
@@ -919,8 +921,6 @@ def phase_lanes(
 def _lanes_one_cap(
     engine: Any, n: int, every_s: float, cap: int | None, seed: int
 ) -> dict[str, Any]:
-    from kafka import KafkaProducer
-
     run = f"lanes-{uuid.uuid4().hex[:6]}"
     topic = f"bench.{run}"
     _create_topic(topic)
@@ -935,13 +935,7 @@ def _lanes_one_cap(
     def backlog(job: str, with_interactive: bool, seed: int) -> dict[str, Any]:
         reqs = [Req(f"{job}-{q.rid}", q.prompt, q.max_tokens) for q in workload(n, seed=seed)]
         reset_prefix_cache(engine)
-        r.hset(f"{run}:job:{job}", mapping={"total": len(reqs), "status": "running"})
-        producer = KafkaProducer(bootstrap_servers=_bootstrap(), linger_ms=20, acks="all")
-        for i, req in enumerate(reqs):
-            env = _envelope(req, i, job) | {"priority": 10}
-            producer.send(f"{topic}.bulk", key=req.rid.encode(), value=json.dumps(env).encode())
-        producer.flush()
-        producer.close()
+        _preload(f"{topic}.bulk", run, job, reqs, extra={"priority": 10})
         stop = threading.Event()
         latencies: list[float] = []
         live = threading.Thread(
@@ -956,8 +950,7 @@ def _lanes_one_cap(
             time.sleep(0.05)
         if with_interactive:
             live.start()
-        while int(r.hget(f"{run}:job:{job}", "succeeded") or 0) < len(reqs):
-            time.sleep(0.05)
+        _wait_job(run, job, len(reqs), timeout_s=1800)
         stop.set()
         if with_interactive:
             live.join(600)

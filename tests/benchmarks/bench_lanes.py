@@ -31,7 +31,6 @@ from typing import Any
 import redis
 from kafka import KafkaProducer
 
-from producer.client import QBatchClient
 from tests.integration.workers import Lane, start_worker, stop_worker
 
 
@@ -60,14 +59,7 @@ class Burst(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        with QBatchClient(
-            bootstrap=self.lane.bootstrap,
-            redis_url=self.lane.redis_url,
-            topic=self.lane.topic,
-            bulk_topic=self.lane.bulk_topic,
-            prefix=self.lane.prefix,
-            poll_s=0.02,
-        ) as client:
+        with self.lane.client(poll_s=0.02) as client:
             body = {"messages": [{"role": "user", "content": "now"}], "max_tokens": 8}
             t0 = time.monotonic()
             ids = client.submit_many([body] * self.count, lane=self.topic_lane)
@@ -99,14 +91,7 @@ class Interactive(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        with QBatchClient(
-            bootstrap=self.lane.bootstrap,
-            redis_url=self.lane.redis_url,
-            topic=self.lane.topic,
-            bulk_topic=self.lane.bulk_topic,
-            prefix=self.lane.prefix,
-            poll_s=0.02,
-        ) as client:
+        with self.lane.client(poll_s=0.02) as client:
             i = 0
             while not self.stop.is_set() and (self.count is None or i < self.count):
                 t0 = time.monotonic()

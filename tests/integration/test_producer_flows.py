@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer.client import QBatchClient, Request
-from schemas import ConnectionSettings, Status
+from producer.client import Request
+from schemas import Status
 
 try:  # tests/integration is a rootdir-relative folder, or a package once it has __init__.py
     from tests.integration.workers import Lane, echo_worker, qbatch, qbatch_popen
@@ -53,17 +53,6 @@ def lane() -> Iterator[Lane]:
 @pytest.fixture
 def worker_log(tmp_path: Path) -> Path:
     return tmp_path / "worker.log"
-
-
-def client_for(lane: Lane) -> QBatchClient:
-    return QBatchClient(
-        ConnectionSettings(),
-        bootstrap=lane.bootstrap,
-        redis_url=lane.redis_url,
-        topic=lane.topic,
-        bulk_topic=lane.bulk_topic,
-        prefix=lane.prefix,
-    )
 
 
 def write_openai(path: Path, n: int, *, body_for=None) -> Path:  # type: ignore[no-untyped-def]
@@ -112,7 +101,7 @@ def topic_records(lane: Lane, *topics: str) -> int:
 
 
 def test_submit_get_wait_round_trips(lane: Lane, worker_log: Path) -> None:
-    with echo_worker(lane, log=worker_log), client_for(lane) as qb:
+    with echo_worker(lane, log=worker_log), lane.client() as qb:
         rid = qb.submit(
             {"messages": [{"role": "user", "content": "ping"}]},
             metadata={"trace": "t1"},

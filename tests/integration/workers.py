@@ -16,6 +16,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from producer.client import QBatchClient
 
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = os.environ.get("QBATCH_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
@@ -89,6 +92,17 @@ class Lane:
             PYTHONPATH=str(REPO),
         )
         return env
+
+    def client(self, **extra: Any) -> QBatchClient:
+        """A producer client on this lane's topics, Redis and prefix."""
+        return QBatchClient(
+            bootstrap=self.bootstrap,
+            redis_url=self.redis_url,
+            topic=self.topic,
+            bulk_topic=self.bulk_topic,
+            prefix=self.prefix,
+            **extra,
+        )
 
     def cli_args(self) -> list[str]:
         return [

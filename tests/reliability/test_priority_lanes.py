@@ -19,7 +19,6 @@ from typing import Any
 
 import redis
 
-from producer.client import QBatchClient
 from tests.reliability.conftest import (
     EnvLane,
     chat,
@@ -50,14 +49,7 @@ class Interactive(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        client = QBatchClient(
-            bootstrap=self.lane.bootstrap,
-            redis_url=self.lane.redis_url,
-            topic=self.lane.topic,
-            bulk_topic=self.lane.bulk_topic,
-            prefix=self.lane.prefix,
-            poll_s=0.05,
-        )
+        client = self.lane.client(poll_s=0.05)
         i = 0
         with client:
             while not self.stop.is_set():

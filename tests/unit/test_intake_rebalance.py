@@ -53,9 +53,6 @@ class TransactionalCommitter:
         self.settled = True
         return [self.in_flight] if self.commits else []
 
-    def assigned(self, partitions: set[TopicPartition]) -> None:
-        return
-
     def revoked(
         self, partitions: set[TopicPartition], epochs: Mapping[TopicPartition, int]
     ) -> None:

@@ -99,11 +99,15 @@ class DeadLetters:
         self.sent.append((record, error.message))
 
 
-def reply(rid: str, offset: int, job: str | None = "j") -> Reply:
+def reply(
+    rid: str, offset: int, job: str | None = "j", *, epoch: int = 0, padding: int = 0
+) -> Reply:
+    """A succeeded result; `padding` characters of metadata make it that much larger."""
+    metadata = {"x": "y" * padding} if padding else None
     result = ResultEnvelope.for_request(
-        RequestRef(request_id=rid, job_id=job), Status.succeeded, timings=None
+        RequestRef(request_id=rid, job_id=job, metadata=metadata), Status.succeeded, timings=None
     )
-    return Reply(TP, offset, f"record-{offset}", result)
+    return Reply(TP, offset, f"record-{offset}", result, epoch=epoch)
 
 
 def make(
@@ -209,23 +213,14 @@ def test_the_transactional_buffer_ignores_stale_results_and_refuses_oversized_on
     late = reply("c", 2)  # taken before the revoke (epoch 0), answered after it
     sink.write([late], 0)
     assert sink.pending() == 0
-    fresh = reply("d", 3)
-    fresh.epoch = 1
-    sink.write([fresh], 0)
+    sink.write([reply("d", 3, epoch=1)], 0)
     assert sink.pending() == 1
-    big = reply("e", 4)
-    big.epoch = 1
-    assert big.result is not None
-    big.result = big.result.model_copy(update={"metadata": {"x": "y" * 4000}})
     with pytest.raises(SinkRefused):
-        sink.write([big], 0)
+        sink.write([reply("e", 4, epoch=1, padding=4000)], 0)
     assert sink.pending() == 1
     # under the limit by its value alone, over it as a record (key, headers, framing):
     # kafka-python would refuse it inside every transaction after it
-    near = reply("f", 5)
-    near.epoch = 1
-    assert near.result is not None
-    near.result = near.result.model_copy(update={"metadata": {"x": "y" * 1500}})
+    near = reply("f", 5, epoch=1, padding=1500)
     assert 2048 - 512 < len(near.encoded()) < 2048
     with pytest.raises(SinkRefused, match="framing"):
         sink.write([near], 0)

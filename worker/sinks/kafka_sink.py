@@ -169,9 +169,9 @@ class KafkaResultsSink(ReplySink):
         written = WriteReply(WriteStatus.written)
         records = [(reply, _record(reply)) for reply in replies]
         for _reply, rec in records:  # before anything is sent or held: refuse the chunk whole
-            if rec is not None and _record_size(rec) > self._max_bytes:
+            if rec is not None and (size := _record_size(rec)) > self._max_bytes:
                 raise SinkRefused(
-                    f"result record of {_record_size(rec)} bytes (key, value, headers and "
+                    f"result record of {size} bytes (key, value, headers and "
                     f"framing), over results_max_record_bytes {self._max_bytes}"
                 )
         if self.transactional:
