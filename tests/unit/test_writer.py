@@ -6,6 +6,7 @@ tested against the real servers in tests/integration.)"""
 from __future__ import annotations
 
 import queue
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -242,9 +243,13 @@ def test_a_failed_transaction_puts_back_only_the_current_assignments_results() -
         def begin_transaction(self) -> None:
             return
 
-        def send(self, *_args: Any, **_kwargs: Any) -> None:
+        def send(self, *_args: Any, **_kwargs: Any) -> Any:
             if self.on_send is not None:
                 self.on_send()
+            return types.SimpleNamespace(exception=None)
+
+        def flush(self) -> None:
+            return
 
         def send_offsets_to_transaction(self, *_args: Any) -> None:
             return

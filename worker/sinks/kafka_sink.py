@@ -247,13 +247,22 @@ class KafkaResultsSink(ReplySink):
             producer = self._ready_producer()
             forget_stale_txn_offsets(producer)  # else an aborted one's offsets come along
             producer.begin_transaction()
-            for tp in sorted(taken.held, key=lambda t: (t.topic, t.partition)):
-                for off in sorted(taken.held[tp]):
-                    key, value, headers = taken.held[tp][off]
-                    producer.send(self.topic, key=key, value=value, headers=headers)
+            sends = [
+                producer.send(self.topic, key=key, value=value, headers=headers)
+                for tp in sorted(taken.held, key=lambda t: (t.topic, t.partition))
+                for key, value, headers in (taken.held[tp][off] for off in sorted(taken.held[tp]))
+            ]
             producer.send_offsets_to_transaction(
                 {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}, group
             )
+            # kafka-python 3.0.12 can commit a transaction whose batches failed (seen after
+            # its own producer-epoch bump on InvalidProducerEpoch, another producer having
+            # taken the transactional.id): the offsets commit, the results are gone. So
+            # every send must have succeeded before the commit is asked for.
+            producer.flush()
+            failed = next((f.exception for f in sends if f.exception is not None), None)
+            if failed is not None:
+                raise KafkaError(f"a result send failed in the transaction: {failed!r}")
             producer.commit_transaction()
         except KafkaError as exc:
             log.warning("transaction_failed", error=f"{type(exc).__name__}: {exc}")
