@@ -66,6 +66,7 @@ def output_line(result: ResultEnvelope) -> BatchOutputLine:
             custom_id=result.custom_id,
             response=BatchOutputResponse(status_code=200, request_id=rid, body=body),
             error=None,
+            tool_loop=result.tool_loop,
         )
     err = _error_of(result)
     body = {
@@ -81,12 +82,15 @@ def output_line(result: ResultEnvelope) -> BatchOutputLine:
         custom_id=result.custom_id,
         response=BatchOutputResponse(status_code=status_code(result), request_id=rid, body=body),
         error=BatchOutputError(code=str(err.code), message=err.message),
+        tool_loop=result.tool_loop,
     )
 
 
 def output_json(result: ResultEnvelope) -> str:
     """One output JSONL line (no newline)."""
-    return output_line(result).model_dump_json()
+    return output_line(result).model_dump_json(
+        exclude={"tool_loop"} if result.tool_loop is None else None
+    )
 
 
 def local_result(

@@ -29,6 +29,7 @@ from producer.cli_common import (
     Options,
     PriorityOpt,
     ResultTtlOpt,
+    ToolLoopOpt,
     client_for,
     emit_json,
     err,
@@ -40,6 +41,7 @@ from producer.cli_common import (
     result_exit,
     usage_error,
 )
+from producer.cli_tools import tools_app
 from producer.topic_results import TopicResults
 from schemas import ResultEnvelope
 
@@ -51,6 +53,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(bulk_app, name="bulk")
+app.add_typer(tools_app, name="tools")
 
 __all__ = ["app", "default_job_id", "main"]
 
@@ -136,6 +139,7 @@ def submit(
     deadline: DeadlineOpt = None,
     result_ttl: ResultTtlOpt = None,
     metadata: MetadataOpt = None,
+    tool_loop: ToolLoopOpt = None,
     lane: Annotated[
         str | None,
         typer.Option(help="Priority lane: interactive (default), bulk, or one of QBATCH_LANES."),
@@ -165,6 +169,7 @@ def submit(
         metadata=metadata,
         job_id=job_id,
         custom_id=custom_id,
+        tool_loop=tool_loop,
     )
     sent_ms = int(time.time() * 1000) - 5_000
     with guard(), client_for(o) as client:

@@ -7,6 +7,7 @@ flags come from `producer.cli_common` and set defaults for lines that do not set
 from __future__ import annotations
 
 import re
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -27,6 +28,7 @@ from producer.cli_common import (
     Options,
     PriorityOpt,
     ResultTtlOpt,
+    ToolLoopOpt,
     client_for,
     emit_json,
     err,
@@ -38,6 +40,7 @@ from producer.cli_common import (
     say,
     usage_error,
 )
+from producer.cli_tools import RegistryOpt, build_registry, embedded_executor
 from producer.client import QBatchClient
 from producer.collect import CollectReport, collect_job, retry_job
 from producer.job_view import JobView
@@ -73,10 +76,18 @@ JobOpt = Annotated[str, typer.Option("--job", help="Job id (1-96 chars of [A-Za-
 
 
 def _defaults(
-    priority: int | None, deadline: str | None, result_ttl: int | None, metadata: str | None
+    priority: int | None,
+    deadline: str | None,
+    result_ttl: int | None,
+    metadata: str | None,
+    tool_loop: int | None = None,
 ) -> Defaults:
     options = request_options(
-        priority=priority, deadline=deadline, result_ttl=result_ttl, metadata=metadata
+        priority=priority,
+        deadline=deadline,
+        result_ttl=result_ttl,
+        metadata=metadata,
+        tool_loop=tool_loop,
     )
     try:
         return Defaults(**options)
@@ -204,6 +215,7 @@ def bulk_submit(
     deadline: DeadlineOpt = None,
     result_ttl: ResultTtlOpt = None,
     metadata: MetadataOpt = None,
+    tool_loop: ToolLoopOpt = None,
     job_ttl: JobTtlOpt = DEFAULT_JOB_TTL_S,
     chunk: ChunkOpt = DEFAULT_CHUNK,
     lane: BulkLaneOpt = BULK,
@@ -221,7 +233,7 @@ def bulk_submit(
             client,
             file,
             job,
-            _defaults(priority, deadline, result_ttl, metadata),
+            _defaults(priority, deadline, result_ttl, metadata, tool_loop),
             chunk,
             job_ttl,
             dry_run,
@@ -388,11 +400,21 @@ def bulk_run(
     deadline: DeadlineOpt = None,
     result_ttl: ResultTtlOpt = None,
     metadata: MetadataOpt = None,
+    tool_loop: ToolLoopOpt = None,
+    registry: RegistryOpt = None,
+    tools_config: Annotated[
+        Path | None,
+        typer.Option("--tools-config", help="HTTP tools (YAML/JSON) for the embedded executor."),
+    ] = None,
     job_ttl: JobTtlOpt = DEFAULT_JOB_TTL_S,
     chunk: ChunkOpt = DEFAULT_CHUNK,
     lane: BulkLaneOpt = BULK,
 ) -> None:
     """Submit FILE and collect its results into --out (for cron). Re-running resumes.
+
+    With --tool-loop N every line runs as a tool loop; with --registry (and/or
+    --tools-config) this command also runs an executor for those tools while it waits,
+    so no `qbatch tools serve` is needed.
 
     Exit 0 only when every line succeeded (or, with --allow-failures, when every line
     has a result); 1 some lines did not succeed; 3 timed out; see `qbatch --help`.
@@ -402,21 +424,28 @@ def bulk_run(
         err.print(f"[red]error:[/] no such file: {file}")
         raise typer.Exit(EXIT_USAGE)
     job = _check_job(job or default_job_id(file, file_sha256(file)))
+    tools = None
+    if registry is not None or tools_config is not None:
+        if tool_loop is None:
+            raise usage_error("--registry/--tools-config run tools for --tool-loop N; give it")
+        tools = build_registry(registry, tools_config)
     with guard(), client_for(o) as client:
-        code = _do_submit(
-            o,
-            client,
-            file,
-            job,
-            _defaults(priority, deadline, result_ttl, metadata),
-            chunk,
-            job_ttl,
-            dry_run=False,
-            lane=lane,
-        )
-        if code not in (EXIT_OK, EXIT_NOT_ALL_SUCCEEDED):
-            raise typer.Exit(code)
-        report = _do_collect(o, client, job, out_path, errors, timeout)
+        executor = embedded_executor(o, tools) if tools is not None else nullcontext()
+        with executor:
+            code = _do_submit(
+                o,
+                client,
+                file,
+                job,
+                _defaults(priority, deadline, result_ttl, metadata, tool_loop),
+                chunk,
+                job_ttl,
+                dry_run=False,
+                lane=lane,
+            )
+            if code not in (EXIT_OK, EXIT_NOT_ALL_SUCCEEDED):
+                raise typer.Exit(code)
+            report = _do_collect(o, client, job, out_path, errors, timeout)
     raise typer.Exit(_collect_exit(report, allow_failures))
 
 

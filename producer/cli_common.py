@@ -3,7 +3,7 @@ that turns expected failures into exit codes, progress bars, and the request-opt
 flags.
 
 The request-option flags (`--priority`, `--deadline`, `--result-ttl`, `--metadata`,
-`--job-id`, `--custom-id`) are declared here once, with the help text of the
+`--job-id`, `--custom-id`, `--tool-loop`) are declared here once, with the help text of the
 `schemas.RequestOptions` field each sets, and parsed by `request_options()`: `submit`,
 `bulk submit` and `bulk run` all take them from here.
 """
@@ -188,6 +188,15 @@ PriorityOpt = Annotated[int | None, typer.Option("--priority", help=_help("prior
 DeadlineOpt = Annotated[str | None, typer.Option("--deadline", help=_help("deadline"))]
 ResultTtlOpt = Annotated[int | None, typer.Option("--result-ttl", help=_help("result_ttl_s"))]
 MetadataOpt = Annotated[str | None, typer.Option("--metadata", help=_help("metadata"))]
+ToolLoopOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tool-loop",
+        help="Run the model's tool calls and continue, for at most N model turns "
+        "(tool_loop.max_turns); needs an executor (`qbatch tools serve`).",
+        min=1,
+    ),
+]
 DEFAULTS_NOTE = " For a bulk job: the default for lines that do not set it."
 
 
@@ -199,9 +208,11 @@ def request_options(
     metadata: str | None = None,
     job_id: str | None = None,
     custom_id: str | None = None,
+    tool_loop: int | None = None,
 ) -> dict[str, Any]:
     """The flags' values as `schemas.RequestOptions` keyword arguments (unset ones left out)."""
     values: dict[str, Any] = {
+        "tool_loop": {"max_turns": tool_loop} if tool_loop is not None else None,
         "priority": priority,
         "deadline": parse_deadline(deadline),
         "result_ttl_s": result_ttl,

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import limits
 from schemas.request import Endpoint
+from schemas.tool_loop import ToolLoopReport
 
 
 class BatchInputLine(BaseModel):
@@ -46,3 +47,6 @@ class BatchOutputLine(BaseModel):
     custom_id: str | None
     response: BatchOutputResponse | None
     error: BatchOutputError | None
+    tool_loop: ToolLoopReport | None = None
+    """qbatch's addition for lines run with `tool_loop`: the turns and their calls (a
+    reader of the OpenAI shape can ignore it)."""

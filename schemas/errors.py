@@ -25,6 +25,11 @@ class ErrorCode(StrEnum):
     internal_error = "internal_error"
     duplicate_request_id = "duplicate_request_id"
     """The request_id already has a result from another job: ids are global."""
+    tool_loop_max_turns = "tool_loop_max_turns"
+    """The loop's last allowed turn still called tools (the result holds those calls)."""
+    tool_loop_aborted = "tool_loop_aborted"
+    """The loop could not go on (a continuation too large for the contract, a turn the
+    tool-calls topic refused); the result holds the transcript so far."""
 
 
 class ErrorInfo(BaseModel):

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from schemas.batch import BatchInputLine, BatchOutputLine
 from schemas.request import RequestEnvelope
 from schemas.result import ResultEnvelope
+from schemas.tool_events import ToolTurnEvent
 
 JSON_DIR = Path(__file__).parent / "json"
 MODELS: dict[str, type[BaseModel]] = {
@@ -22,6 +23,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "result-envelope.schema.json": ResultEnvelope,
     "batch-input-line.schema.json": BatchInputLine,
     "batch-output-line.schema.json": BatchOutputLine,
+    "tool-turn-event.schema.json": ToolTurnEvent,
 }
 
 

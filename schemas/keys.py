@@ -4,7 +4,7 @@ Every key is built here from a validated id (`[A-Za-z0-9_.:-]`), so no request c
 worker write outside its prefix, and no two (kind, id) pairs give the same key:
 
 * the prefix holds no `:`, so the first `:` ends it; the second segment names the kind
-  (`result`, `done`, `job`, `strikes`) and is a fixed word, so kinds cannot meet;
+  (`result`, `done`, `job`, `toolcall`, `strikes`) and is a fixed word, so kinds cannot meet;
 * within `job`, the job's stream and cancel flag are the hash key plus `:done` /
   `:cancel`, which is why a job_id may not end with either (`schemas.limits.
   RESERVED_JOB_SUFFIXES`, refused at the edge): job `vic:done` would otherwise be job
@@ -81,6 +81,12 @@ class RedisKeys:
 
     def job_cancel(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}:cancel"
+
+    def tool_call(self, request_id: str, turn: int, fingerprint: str) -> str:
+        """String: the recorded outcome (`schemas.tool_loop.CallRecord` JSON) of one call
+        of a tool loop's turn; `fingerprint` is a hex digest of the call (id, name,
+        arguments), so only the same call reuses it."""
+        return f"{self.prefix}:toolcall:{request_id}:{turn}:{fingerprint}"
 
     def strikes(self, group: str) -> str:
         """Hash `{topic}/{partition}/{offset}` -> how often a worker of consumer group

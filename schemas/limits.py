@@ -32,3 +32,8 @@ stream and cancel flag (see schemas/keys.py), so a job called `vic:done` would b
 MAX_JSON_INT_DIGITS = 1_000
 """Integers in free-form JSON (metadata, schemas) beyond this are refused: Python's own
 JSON reader gives up at 4,300 digits, so a result echoing one could not be read back."""
+MAX_TOOL_TURNS = 16
+"""A tool loop runs the model at most this many times (`tool_loop.max_turns`)."""
+DEFAULT_TOOL_TURNS = 4
+DEFAULT_TOOL_RESULT_BYTES = 16_384
+"""A tool's result beyond this many bytes (UTF-8) is refused (`max_result_bytes`)."""

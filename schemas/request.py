@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import to_json
 
 from schemas import json_schema, limits
+from schemas.tool_loop import LoopState, ToolLoopOptions
 
 RequestId = Annotated[str, Field(pattern=limits.ID_PATTERN, min_length=1, max_length=128)]
 
@@ -378,6 +379,11 @@ class RequestOptions(StrictModel):
     metadata: JsonObject | None = Field(
         None, description="A small JSON object (<= 16 KiB) echoed in the result."
     )
+    tool_loop: ToolLoopOptions | None = Field(
+        None,
+        description="Run the model's tool calls through the tool executor and continue to "
+        'the final answer, e.g. {"max_turns": 4}; chat requests with tools only.',
+    )
 
     @field_validator("metadata")
     @classmethod
@@ -398,6 +404,8 @@ class RequestEnvelope(RequestOptions):
     endpoint: Endpoint = CHAT_ENDPOINT
     body: Body
     submitted_at: AwareDatetime | None = None
+    loop: LoopState | None = None
+    """Set by the tool executor on a tool loop's continuation (turn 2 onwards)."""
 
     @model_validator(mode="after")
     def _body_matches_endpoint(self) -> RequestEnvelope:
@@ -405,6 +413,12 @@ class RequestEnvelope(RequestOptions):
             raise ValueError("body: /v1/completions takes `prompt`, not `messages`")
         if self.endpoint == CHAT_ENDPOINT and not isinstance(self.body, ChatCompletionBody):
             raise ValueError("body: /v1/chat/completions takes `messages`, not `prompt`")
+        if self.loop is not None and self.tool_loop is None:
+            raise ValueError("loop: a continuation needs `tool_loop`")
+        if self.tool_loop is not None and not self.is_chat:
+            raise ValueError("tool_loop: only /v1/chat/completions requests can call tools")
+        if self.loop is not None and self.tool_loop and self.loop.turn > self.tool_loop.max_turns:
+            raise ValueError("loop.turn: beyond tool_loop.max_turns")
         return self
 
     @property

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.ref import RequestRef
 from schemas.request import RequestEnvelope, ToolCall
+from schemas.tool_loop import ToolLoopReport
+from schemas.usage import Usage
 
 
 class ResultModel(BaseModel):
@@ -30,15 +32,10 @@ class Status(StrEnum):
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "abort"]
 
 
-class Usage(ResultModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
 class AssistantOutput(ResultModel):
     role: Literal["assistant"] = "assistant"
-    content: str | None
+    content: str | None = None
+    """None (and left out of the stored JSON) when the turn only called tools."""
     reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
@@ -138,6 +135,8 @@ class ResultEnvelope(ResultModel):
     response: ChatCompletion | Completion | None = None
     error: ErrorInfo | None = None
     tool_call_errors: list[ToolCallError] = Field(default_factory=list)
+    tool_loop: ToolLoopReport | None = None
+    """Set on the result of a request run with `tool_loop`: its turns and their calls."""
     timings: Timings = Field(default_factory=Timings)
     worker: WorkerInfo | None = None
 

@@ -65,6 +65,11 @@ class ConnectionSettings(BaseSettings):
         description="Kafka topic the workers also publish every result to (key request_id, "
         "value the result envelope JSON); unset: results go to Redis only.",
     )
+    tool_calls_topic: str = Field(
+        "qbatch.tool-calls",
+        description="Topic of tool-loop turns that ended in tool calls: workers publish to "
+        "it, `qbatch tools serve` consumes it.",
+    )
     prefix: str = Field(
         default="qbatch", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Redis key prefix."
     )

@@ -174,6 +174,13 @@ class WorkerSettings(ConnectionSettings):
         "max.message.bytes must allow it); a larger one is dead-lettered.",
     )
 
+    tool_calls_max_record_bytes: int = Field(
+        1_000_000,
+        ge=1024,
+        description="Largest tool-loop turn event sent to the tool-calls topic; a turn "
+        "whose event is larger ends its loop with `tool_loop_aborted`.",
+    )
+
     @model_validator(mode="after")
     def _needs_model(self) -> WorkerSettings:
         if self.engine in ("vllm", "transformers") and not self.model:

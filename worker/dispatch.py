@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from schemas import ContractError, ErrorCode, ErrorInfo, Status, WorkerInfo
+from schemas import ContractError, ErrorCode, ErrorInfo, RequestEnvelope, Status, WorkerInfo
 from schemas.ref import RequestRef
-from worker import failpoints, metrics
+from worker import failpoints, metrics, tool_loop
 from worker.engines.base import Engine, EngineOutput, EngineRequest
 from worker.logs import log
 from worker.records import DispatchQueue, Finished, Inbound, Reply, Running
@@ -35,8 +35,15 @@ from worker.sinks.base import (
 from worker.supervision import Suspect
 
 LANE_PRIORITY_STRIDE = 2**32
-"""Engine priority = lane rank * stride + request priority: every request of a better lane
-runs before any of a worse one (request priorities are bounded by +-2**31)."""
+"""Engine priority = (2 * lane rank + fresh) * stride + request priority, `fresh` 0 for a
+tool loop's continuation and 1 otherwise: every request of a better lane runs before any
+of a worse one, and within a lane a continuation runs before fresh work, so loops finish
+(request priorities are bounded by +-2**31)."""
+
+
+def engine_priority(rank: int, envelope: RequestEnvelope) -> int:
+    fresh = 0 if envelope.loop is not None else 1
+    return (2 * rank + fresh) * LANE_PRIORITY_STRIDE + envelope.priority
 
 
 class Dispatcher:
@@ -131,6 +138,9 @@ class Dispatcher:
                     status=Status.expired,
                 )
                 continue
+            if env.loop is not None and env.loop.abort is not None:
+                self._answer(item, env.loop.abort, Status.failed)
+                continue
             if env.job_id and env.job_id in admission.cancelled_jobs:
                 self.finish(
                     item,
@@ -157,11 +167,8 @@ class Dispatcher:
             run = Running(item, rendered, dispatched_ms)
             self._running[key] = run
             runs.append(run)
-            requests.append(
-                rendered.engine_request(
-                    key, self._lane_rank(item.lane) * LANE_PRIORITY_STRIDE + env.priority
-                )
-            )
+            lane = env.loop.lane if env.loop is not None and env.loop.lane else item.lane
+            requests.append(rendered.engine_request(key, engine_priority(self._rank(lane), env)))
         shared = self._worker_info(batch_id, len(runs))
         for run in runs:
             run.worker = shared
@@ -176,6 +183,12 @@ class Dispatcher:
                 self.on_engine_done(
                     EngineOutput(request.key, "", 0, 0, "error", error=f"engine refused: {exc}")
                 )
+
+    def _rank(self, lane: str) -> int:
+        try:
+            return self._lane_rank(lane)
+        except KeyError:  # a continuation naming a lane this worker does not have
+            return 0
 
     def _admission(self, items: Sequence[Inbound]) -> Admission | None:
         """The store's look-up, retried while it is unavailable (None: stop asked)."""
@@ -218,13 +231,16 @@ class Dispatcher:
     def _answer(self, item: Inbound, error: ErrorInfo, status: Status) -> None:
         """A request that never reaches the engine gets its result here."""
         env = item.envelope
-        result = refused_result(
+        result = tool_loop.finalize(
             env,
-            error,
-            status=status,
-            dequeued_ms=item.dequeued_ms,
-            finished_ms=_epoch_ms(),
-            worker=self._worker_info(None, None),
+            refused_result(
+                env,
+                error,
+                status=status,
+                dequeued_ms=item.dequeued_ms,
+                finished_ms=_epoch_ms(),
+                worker=self._worker_info(None, None),
+            ),
         )
         reply = Reply(item.tp, item.offset, item.record, result, env.result_ttl_s)
         reply.lane, reply.isolate, reply.epoch = item.lane, item.isolate, item.epoch
@@ -235,4 +251,4 @@ def _epoch_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-__all__ = ["LANE_PRIORITY_STRIDE", "Dispatcher"]
+__all__ = ["LANE_PRIORITY_STRIDE", "Dispatcher", "engine_priority"]

@@ -12,14 +12,30 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from worker.metrics import REGISTRY
 
 LIVENESS_STALL_S = 60.0
+
+
+@dataclass
+class ServiceState:
+    """What health checks read; written by the loops, read by the HTTP thread. The
+    worker's state (`worker.service.WorkerState`) and the tool executor's."""
+
+    engine_ready: bool = False
+    assigned: int = 0
+    redis_ok: bool = True
+    """All reply sinks answer (the name predates the Kafka results sink)."""
+    kafka_ok: bool = True
+    last_loop: float = field(default_factory=time.monotonic)
+    stopping: bool = False
+    fault: str | None = None
 
 
 def _checks(state: Any) -> tuple[bool, bool, dict[str, Any]]:
@@ -43,13 +59,15 @@ def _checks(state: Any) -> tuple[bool, bool, dict[str, Any]]:
     return live, ready, detail
 
 
-def serve(state: Any, host: str, port: int) -> ThreadingHTTPServer:
+def serve(
+    state: Any, host: str, port: int, registry: CollectorRegistry = REGISTRY
+) -> ThreadingHTTPServer:
     """Start the server on a daemon thread and return it (port 0 picks a free port)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path.startswith("/metrics"):
-                self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
                 return
             live, ready, detail = _checks(state)
             if self.path.startswith("/healthz"):

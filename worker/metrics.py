@@ -193,3 +193,43 @@ LANE_LATENCY = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+TOOL_TURNS = Counter(
+    "qbatch_tool_turns_total",
+    "Tool-loop turns that ended in tool calls and went to the tool-calls topic.",
+    registry=REGISTRY,
+)
+
+# ---------------------------------------------------------------- tool executor
+# `qbatch tools serve` exports its own registry (it runs no engine and writes no results).
+TOOLS_REGISTRY = CollectorRegistry(auto_describe=True)
+
+TOOL_CALLS = Counter(
+    "qbatch_tool_calls_total",
+    "Tool calls handled by the executor, by tool and outcome (ok, an error kind, reused).",
+    ["tool", "outcome"],
+    registry=TOOLS_REGISTRY,
+)
+TOOL_CALL_SECONDS = Histogram(
+    "qbatch_tool_call_seconds",
+    "Time a tool call ran (reused records not counted).",
+    ["tool"],
+    buckets=_LATENCY_BUCKETS,
+    registry=TOOLS_REGISTRY,
+)
+TOOL_CONTINUATIONS = Counter(
+    "qbatch_tool_continuations_total",
+    "Continuations published to the requests topic (aborted: the loop ends with an error).",
+    ["kind"],
+    registry=TOOLS_REGISTRY,
+)
+TOOL_EVENTS_BAD = Counter(
+    "qbatch_tool_events_bad_total",
+    "Records on the tool-calls topic that were not tool-turn events (dead-lettered).",
+    registry=TOOLS_REGISTRY,
+)
+TOOL_TURN_LATENCY = Histogram(
+    "qbatch_tool_turn_seconds",
+    "From the worker publishing a turn until its continuation is published.",
+    buckets=_LATENCY_BUCKETS,
+    registry=TOOLS_REGISTRY,
+)

@@ -16,6 +16,7 @@ from typing import Any
 from kafka.structs import TopicPartition
 
 from schemas import RequestEnvelope, ResultEnvelope, WorkerInfo
+from schemas.tool_events import ToolTurnEvent
 from worker.batching import Batch
 from worker.engines.base import EngineOutput
 from worker.rendering import RenderedPrompt
@@ -61,7 +62,8 @@ class Reply:
     `result` None means nothing new to write: either the request was answered before (a
     redelivery: `answered` names it, and the writer fills `stored` with that earlier
     result's JSON when a sink other than the dedupe store needs it again), or the record
-    had no request_id at all (it was only dead-lettered).
+    had no request_id at all (it was only dead-lettered), or it is a tool loop's turn that
+    ended in calls (`turn`: only the tool-calls sink takes it).
     """
 
     tp: TopicPartition
@@ -74,7 +76,9 @@ class Reply:
     answered: str | None = None
     stored: bytes | None = None
     isolate: bool = False
+    turn: ToolTurnEvent | None = None
     _encoded: tuple[int, bytes] | None = None
+    _turn_bytes: bytes | None = None
 
     def encoded(self) -> bytes:
         """The result's JSON, made once for every sink (and again only if the result is
@@ -85,6 +89,13 @@ class Reply:
             cached = (id(self.result), self.result.model_dump_json(exclude_none=True).encode())
             self._encoded = cached
         return cached[1]
+
+    def encoded_turn(self) -> bytes:
+        """The turn event's JSON, made once (the writer checks its size first)."""
+        assert self.turn is not None
+        if self._turn_bytes is None:
+            self._turn_bytes = self.turn.model_dump_json().encode()
+        return self._turn_bytes
 
 
 Done = list[tuple[TopicPartition, int, int]]

@@ -20,8 +20,10 @@ Chat requests are rendered with the model's own chat template
   The parser (`worker.toolcalls`) reports whatever the model actually emitted.
 
 A renderer with `tokenizer=None` (the echo engine) renders cheaply and deterministically: the
-last user message for chat, the prompt for completions, and counts whitespace-split words as
-tokens. It runs at thousands of requests per second, so it avoids any per-call heavy work.
+last user message for chat (or, when the conversation ends with `tool` messages, their
+contents: the scripted tool-loop "model"), the prompt for completions, and counts
+whitespace-split words as tokens. It runs at thousands of requests per second, so it avoids
+any per-call heavy work.
 """
 
 from __future__ import annotations
@@ -307,7 +309,7 @@ class PromptRenderer:
         if self.tokenizer is None:
             # No template (echo engine): the "model" may think unless the request said not to,
             # so `<think>` blocks a test sends come back as reasoning_content.
-            text = _last_user_text(body)
+            text = _echo_text(body)
             return text, None, len(text.split()), thinking, tools
         reserved = _RESERVED_TEMPLATE_KWARGS.intersection(kwargs)
         if reserved:
@@ -352,6 +354,20 @@ class PromptRenderer:
                     param="body.prompt",
                 )
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids, len(ids)
+
+
+def _echo_text(body: ChatCompletionBody) -> str:
+    """What the echo "model" answers: the trailing `tool` messages' contents when the
+    conversation ends with tool results (a tool loop's continuation: a tool can script
+    the next turn by returning a `<tool_call>` block), else the last user message."""
+    results: list[str] = []
+    for message in reversed(body.messages):
+        if not isinstance(message, ToolMessage):
+            break
+        results.append(content_text(message.content))
+    if results:
+        return "\n".join(reversed(results))
+    return _last_user_text(body)
 
 
 def _last_user_text(body: ChatCompletionBody) -> str:

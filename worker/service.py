@@ -18,7 +18,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from schemas import WorkerInfo
 from worker import metrics
@@ -26,6 +25,7 @@ from worker.commits import Committer, ConsumerCommitter, TransactionalCommitter
 from worker.config import WorkerSettings
 from worker.dispatch import Dispatcher
 from worker.engines.base import Engine
+from worker.health import ServiceState as WorkerState
 from worker.intake import Intake
 from worker.kafka_io import DeadLetters, RequestConsumer
 from worker.logs import log
@@ -34,26 +34,13 @@ from worker.rendering import PromptRenderer
 from worker.sinks.base import ReplySink, SinkHealth
 from worker.sinks.kafka_sink import KafkaResultsSink
 from worker.sinks.redis_sink import RedisSink
+from worker.sinks.tool_calls_sink import ToolCallsSink
 from worker.supervision import StrikeStore, Supervisor
 from worker.writer import Writer
 
 EXIT_OK = 0
 EXIT_FAULT = 70
 """A worker thread stopped on an unexpected exception (EX_SOFTWARE): restart me."""
-
-
-@dataclass
-class WorkerState:
-    """What health checks read; written by the loops, read by the HTTP thread."""
-
-    engine_ready: bool = False
-    assigned: int = 0
-    redis_ok: bool = True
-    """All reply sinks answer (the name predates the Kafka results sink)."""
-    kafka_ok: bool = True
-    last_loop: float = field(default_factory=time.monotonic)
-    stopping: bool = False
-    fault: str | None = None
 
 
 class Worker:
@@ -127,6 +114,7 @@ class Worker:
             stopping=self._stop.is_set,
             drain_timeout_s=settings.drain_timeout_s,
             health=self.health,
+            turn_max_bytes=settings.tool_calls_max_record_bytes,
         )
         self._threads: list[threading.Thread] = []
         self.on_stop: Callable[[], None] = lambda: None
@@ -269,12 +257,14 @@ class Worker:
 
 
 def build_sinks(settings: WorkerSettings) -> list[ReplySink]:
-    """Redis first (the dedupe store decides what the others get), then the topic."""
+    """Redis first (the dedupe store decides what the others get), then the results topic,
+    then the tool-calls topic (tool loops' turns; it sends nothing until a loop runs)."""
     sinks: list[ReplySink] = []
     if settings.redis_sink:
         sinks.append(RedisSink.from_settings(settings))
     if settings.results_topic:
         sinks.append(KafkaResultsSink(settings))
+    sinks.append(ToolCallsSink(settings))
     return sinks
 
 

@@ -22,7 +22,7 @@ from typing import TypeVar
 from schemas import ContractError, ErrorCode, ResultEnvelope, WorkerInfo
 from schemas.ref import RequestRef
 from schemas.replies import WriteReply, WriteStatus
-from worker import failpoints, metrics
+from worker import failpoints, metrics, tool_loop
 from worker.kafka_io import DeadLetters
 from worker.logs import log
 from worker.records import Done, Finished, Reply
@@ -52,7 +52,9 @@ class Writer:
         stopping: Callable[[], bool],
         drain_timeout_s: float,
         health: SinkHealth,
+        turn_max_bytes: int = 1_000_000,
     ) -> None:
+        self._turn_max_bytes = turn_max_bytes
         self.sinks = list(sinks)
         self.store = next((s for s in self.sinks if s.dedupes), None)
         self.others = [s for s in self.sinks if not s.dedupes]
@@ -118,21 +120,36 @@ class Writer:
         if isinstance(item, Reply):
             return item
         inbound = item.running.inbound
+        env = inbound.envelope
         result = finished_result(item, model=self._model(), worker=self._worker_info())
         output = item.output
         if output.finish != "error":
             metrics.PROMPT_TOKENS.inc(output.prompt_tokens)
             metrics.COMPLETION_TOKENS.inc(output.completion_tokens)
-        return Reply(
+        reply = Reply(
             inbound.tp,
             inbound.offset,
             inbound.record,
             result,
-            inbound.envelope.result_ttl_s,
+            env.result_ttl_s,
             lane=inbound.lane,
             epoch=inbound.epoch,
             isolate=inbound.isolate,
         )
+        if env.tool_loop is None:
+            return reply
+        routed = tool_loop.route(env, result, lane=inbound.lane, now_ms=item.finished_ms)
+        if isinstance(routed, ResultEnvelope):
+            reply.result = routed
+            return reply
+        reply.result, reply.turn = None, routed
+        size = len(reply.encoded_turn())
+        if size > self._turn_max_bytes:
+            reply.result = tool_loop.event_too_large(env, result, size, self._turn_max_bytes)
+            reply.turn = None
+        else:
+            metrics.TOOL_TURNS.inc()
+        return reply
 
     # ------------------------------------------------------------------ one chunk
 

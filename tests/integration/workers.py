@@ -64,10 +64,13 @@ class Lane:
     bootstrap: str = BOOTSTRAP
     redis_url: str = REDIS_URL
     bulk_topic: str = ""
+    tool_calls_topic: str = ""
 
     def __post_init__(self) -> None:
         if not self.bulk_topic:
             self.bulk_topic = f"{self.topic}.bulk"
+        if not self.tool_calls_topic:
+            self.tool_calls_topic = f"{self.topic}.tool-calls"
 
     @classmethod
     def new(cls, name: str = "qbp") -> Lane:
@@ -89,6 +92,8 @@ class Lane:
             QBATCH_DLQ_TOPIC=self.dlq_topic,
             QBATCH_GROUP=self.group,
             QBATCH_PREFIX=self.prefix,
+            QBATCH_TOOL_CALLS_TOPIC=self.tool_calls_topic,
+            QBATCH_TOOLS_GROUP=f"{self.group}-tools",
             PYTHONPATH=str(REPO),
         )
         return env
@@ -122,9 +127,12 @@ class Lane:
         create_topic(self.topic, partitions, self.bootstrap)
         create_topic(self.bulk_topic, partitions, self.bootstrap)
         create_topic(self.dlq_topic, 1, self.bootstrap)
+        create_topic(self.tool_calls_topic, partitions, self.bootstrap)
 
     def delete_topics(self) -> None:
-        delete_topics([self.topic, self.bulk_topic, self.dlq_topic], self.bootstrap)
+        delete_topics(
+            [self.topic, self.bulk_topic, self.dlq_topic, self.tool_calls_topic], self.bootstrap
+        )
 
     def clean_redis(self) -> None:
         import redis
@@ -181,6 +189,30 @@ def echo_worker(
         yield proc
     finally:
         stop_worker(proc)
+
+
+def start_executor(
+    lane: Lane,
+    registry: str = "tests.tool_fixtures:registry",
+    *extra: str,
+    log: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """`qbatch tools serve` for `lane` (stop it with `stop_worker`)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "producer.cli",
+        *lane.cli_args(),
+        "tools",
+        "serve",
+        "--registry",
+        registry,
+        "--metrics-port",
+        "0",
+        *extra,
+    ]
+    sink = log.open("ab") if log is not None else subprocess.DEVNULL
+    return subprocess.Popen(cmd, env=lane.env(), cwd=REPO, stdout=sink, stderr=sink)
 
 
 def qbatch(lane: Lane, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -115,6 +115,23 @@ def _stored_headers(value: bytes) -> list[tuple[str, bytes]]:
     return headers
 
 
+def flush_sends(producer: Any, futures: Sequence[Any], what: str) -> None:
+    """Flush `producer` and check every send: SinkRefused for a record the broker will
+    never take (too large), SinkUnavailable for anything waiting may cure."""
+    try:
+        producer.flush(timeout=30)
+    except KafkaError as exc:
+        raise SinkUnavailable(f"{what} flush: {exc}") from exc
+    for future in futures:
+        if not future.is_done:
+            raise SinkUnavailable(f"{what}: a send did not complete in 30 s")
+        failure = future.exception
+        if failure is not None:
+            if isinstance(failure, _REFUSED):
+                raise SinkRefused(f"{what}: {failure}")
+            raise SinkUnavailable(f"{what}: {type(failure).__name__}: {failure}")
+
+
 def producer_config(settings: WorkerSettings) -> dict[str, Any]:
     config: dict[str, Any] = {
         "acks": "all",
@@ -202,18 +219,7 @@ class KafkaResultsSink(ReplySink):
         if self.transactional:
             return
         futures, self._futures = self._futures, []
-        try:
-            self._producer.flush(timeout=30)
-        except KafkaError as exc:
-            raise SinkUnavailable(f"results topic flush: {exc}") from exc
-        for future in futures:
-            if not future.is_done:
-                raise SinkUnavailable("results topic: a send did not complete in 30 s")
-            failure = future.exception
-            if failure is not None:
-                if isinstance(failure, _REFUSED):
-                    raise SinkRefused(f"results topic: {failure}")
-                raise SinkUnavailable(f"results topic: {type(failure).__name__}: {failure}")
+        flush_sends(self._producer, futures, "results topic")
 
     def pending(self) -> int:
         return self._buffered

@@ -1,0 +1,39 @@
+"""The record on the tool-calls topic: one model turn of a tool loop that ended in calls.
+
+The worker publishes it (key = request_id, so one loop's turns stay in one partition's
+order) instead of writing a result; the tool executor consumes it, runs the calls and
+publishes the continuation (`schemas.request.RequestEnvelope` with `loop` set) to the
+requests topic. The event holds the envelope exactly as the turn ran, so the executor
+needs nothing else to build the next turn.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from schemas.request import RequestEnvelope
+from schemas.result import AssistantOutput
+from schemas.tool_loop import Turn
+from schemas.usage import Usage
+
+
+class ToolTurnEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = 1
+    request_id: str
+    turn: Turn
+    """The model turn that made these calls (1 for the request as submitted)."""
+    lane: str
+    """The lane the loop runs in (the first turn's), carried into the continuation."""
+    envelope: RequestEnvelope
+    message: AssistantOutput
+    """The assistant message of this turn; `tool_calls` is never empty."""
+    usage: Usage
+    emitted_ms: int
+    """When the worker published it (epoch ms): the executor's queue time starts here."""
+
+
+__all__ = ["ToolTurnEvent"]

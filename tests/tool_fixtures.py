@@ -1,0 +1,82 @@
+"""Tools the tool-loop tests and benchmark run (`--registry tests.tool_fixtures:registry`).
+
+With the echo engine a tool scripts the "model": echo answers a tool turn with the tool's
+result, so a result holding a `<tool_call>` block makes the next turn call again (`step`).
+Side effects are counted in Redis (`{QBATCH_PREFIX}:ran:{key}`) so tests can see how
+often a tool really ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import redis
+
+from producer.tools import ToolCallContext, ToolRegistry
+
+
+def _approve_small(call: ToolCallContext) -> bool | str:
+    """Sensitive calls: payments up to 100 approved, others refused with a reason."""
+    amount = call.arguments.get("amount", 0)
+    return True if isinstance(amount, int) and amount <= 100 else "payments over 100 need a human"
+
+
+registry = ToolRegistry(permission=_approve_small)
+_redis: redis.Redis | None = None
+
+
+def _count(key: str) -> None:
+    global _redis
+    if _redis is None:
+        _redis = redis.Redis.from_url(
+            os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+        )
+    _redis.incr(f"{os.environ.get('QBATCH_PREFIX', 'qbatch')}:ran:{key}")
+
+
+def call_block(name: str, **arguments: object) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+@registry.tool
+def get_weather(city: str, unit: str = "c") -> dict[str, object]:
+    """Current weather for a city."""
+    _count(f"get_weather:{city}")
+    return {"city": city, "temp": 21 if unit == "c" else 70, "unit": unit}
+
+
+@registry.tool
+def step(n: int, until: int = 2, tag: str = "") -> str:
+    """Count up; until `until` is reached, the result asks the echo model to call again."""
+    _count(f"step:{tag}:{n}")
+    if n < until:
+        return call_block("step", n=n + 1, until=until, tag=tag)
+    return f"done at {n}"
+
+
+@registry.tool(timeout_s=0.5)
+def slow(seconds: float) -> str:
+    """Sleeps."""
+    time.sleep(seconds)
+    return "woke"
+
+
+@registry.tool
+def boom() -> str:
+    """Always fails."""
+    raise RuntimeError("the tool broke")
+
+
+@registry.tool(max_result_bytes=1_000)
+def big(size: int) -> str:
+    """Returns `size` bytes."""
+    return "x" * size
+
+
+@registry.tool(sensitive=True)
+def pay(amount: int, to: str) -> str:
+    """Pays someone."""
+    _count(f"pay:{to}")
+    return f"paid {amount} to {to}"
