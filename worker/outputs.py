@@ -18,6 +18,7 @@ from schemas.result import (
     Usage,
 )
 from worker.engines.base import EngineOutput
+from worker.forced_calls import as_blocks
 from worker.rendering import RenderedPrompt
 from worker.toolcalls import IdFactory, ParsedOutput, parse_output
 
@@ -109,8 +110,11 @@ def build_response(
     if isinstance(envelope.body, CompletionBody):
         prefix = rendered.text if envelope.body.echo else ""
         return build_completion(envelope.request_id, output, model, created, prefix=prefix), []
+    text = output.text
+    if rendered.forced is not None:
+        text = as_blocks(text, rendered.forced)
     parsed = parse_output(
-        output.text,
+        text,
         tools=rendered.tools,
         reasoning_enabled=rendered.reasoning_enabled,
         id_factory=id_factory,

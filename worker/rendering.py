@@ -15,8 +15,8 @@ Chat requests are rendered with the model's own chat template
   a JSON object are passed on as the original string.
 * `reasoning_content` of assistant messages is passed through (Qwen3's template uses it).
 * `tool_choice`: `"none"` renders without tools; `"auto"`, `"required"` and a named function
-  render with all tools. Rendering alone does NOT force a call: the structural guarantee for
-  `"required"`/named choices needs guided decoding (vLLM structured outputs) in the engine.
+  render with all tools. A `"required"`/named choice also sets the sampling's JSON Schema
+  (`worker.forced_calls`): on vLLM (structured outputs) the output is then a valid call.
   The parser (`worker.toolcalls`) reports whatever the model actually emitted.
 
 A renderer with `tokenizer=None` (the echo engine) renders cheaply and deterministically: the
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from schemas.request import (
     content_text,
 )
 from worker.engines.base import EngineRequest, SamplingSpec
+from worker.forced_calls import ForcedCall, forced_call, forced_schema
 
 __all__ = [
     "GENERATION_DEFAULT_KEYS",
@@ -99,6 +100,8 @@ class RenderedPrompt:
     """The tools rendered into the prompt (None when none were, e.g. `tool_choice: "none"`)."""
     prompt_tokens: int
     """Length of the prompt in tokens (whitespace-split words without a tokenizer)."""
+    forced: ForcedCall | None = None
+    """A forced tool choice: the output is JSON (see `worker.forced_calls`)."""
 
     def engine_request(self, key: str, priority: int = 0) -> EngineRequest:
         return EngineRequest(
@@ -262,13 +265,26 @@ class PromptRenderer:
             explicit = body.max_tokens
             max_param = "body.max_tokens"
         max_tokens = self._max_tokens(n_prompt, explicit, prompt_param, max_param)
+        sampling = sampling_from_body(body, max_tokens, self.generation_defaults)
+        forced = forced_call(body) if isinstance(body, ChatCompletionBody) else None
+        if forced is not None and tools:
+            if body.response_format is not None:
+                raise ContractError(
+                    "a forced tool_choice makes the output the call itself; it cannot be "
+                    "combined with response_format",
+                    param="body.response_format",
+                )
+            schema = forced_schema(forced, tools)
+            sampling = replace(sampling, json_schema=schema, json_object=False)
+            reasoning = False  # the output is the call's JSON from its first token
         return RenderedPrompt(
             text=text,
             token_ids=token_ids,
-            sampling=sampling_from_body(body, max_tokens, self.generation_defaults),
+            sampling=sampling,
             reasoning_enabled=reasoning,
             tools=tools,
             prompt_tokens=n_prompt,
+            forced=forced if tools else None,
         )
 
     # ------------------------------------------------------------------ internals

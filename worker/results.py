@@ -19,6 +19,8 @@ from schemas import (
 from schemas.ref import RequestRef
 from worker.outputs import build_response
 from worker.records import Finished
+from worker.tool_loop import turn_of
+from worker.toolcalls import turn_call_ids
 
 
 def submitted_ms(envelope: RequestEnvelope | None) -> int | None:
@@ -47,8 +49,9 @@ def finished_result(item: Finished, *, model: str, worker: WorkerInfo) -> Result
             worker=worker,
         )
     try:
+        ids = turn_call_ids(env.request_id, turn_of(env)) if env.tool_loop is not None else None
         response, tool_errors = build_response(
-            env, run.rendered, output, model=model, created=item.finished_ms // 1000
+            env, run.rendered, output, model=model, created=item.finished_ms // 1000, id_factory=ids
         )
     except Exception as exc:  # a parser defect must cost one request, not the writer
         return ResultEnvelope.failure(

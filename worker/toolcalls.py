@@ -30,6 +30,7 @@ is returned as is (only the reasoning split above touches it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -55,6 +56,7 @@ __all__ = [
     "parse_output",
     "seeded_id_factory",
     "split_reasoning",
+    "turn_call_ids",
 ]
 
 THINK_OPEN = "<think>"
@@ -88,6 +90,19 @@ def seeded_id_factory(seed: int) -> IdFactory:
 
     def make() -> str:
         return "call_" + "".join(rng.choice(_ID_ALPHABET) for _ in range(24))
+
+    return make
+
+
+def turn_call_ids(request_id: str, turn: int) -> IdFactory:
+    """Call ids derived from (request_id, turn, index) for a tool loop's turns: a turn run
+    again after a redelivery names its calls as before, so the executor's records of them
+    are found and the tools do not run twice (`call_` + 24 hex characters)."""
+    counter = iter(range(10**6))
+
+    def make() -> str:
+        seed = f"{request_id}\0{turn}\0{next(counter)}".encode()
+        return "call_" + hashlib.sha256(seed).hexdigest()[:24]
 
     return make
 

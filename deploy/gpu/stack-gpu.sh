@@ -44,6 +44,7 @@ BULK_TOPIC="${QBATCH_BULK_TOPIC:-qbatch.requests.bulk}" # the bulk priority lane
 DLQ_TOPIC="${QBATCH_DLQ_TOPIC:-qbatch.requests.dlq}"
 DLQ_PARTITIONS="${QBATCH_DLQ_PARTITIONS:-1}"
 RESULTS_TOPIC="${QBATCH_RESULTS_TOPIC:-qbatch.results}" # created, not exported: opt in per worker
+TOOL_CALLS_TOPIC="${QBATCH_TOOL_CALLS_TOPIC:-qbatch.tool-calls}" # tool-loop turns
 KAFKA_START_TIMEOUT="${QBATCH_KAFKA_START_TIMEOUT:-60}"
 KAFKA_HEAP_OPTS="${QBATCH_KAFKA_HEAP_OPTS:--Xms512m -Xmx2g}"
 JAVA="${QBATCH_JAVA:-$GPU_HOME/java/bin/java}"
@@ -259,12 +260,12 @@ ensure_topics() {
   local rc=0 t p out
   out="$(kafka_ctl topics --bootstrap "$BOOTSTRAP" --timeout 30 \
     "$TOPIC:$PARTITIONS" "$BULK_TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" \
-    "$RESULTS_TOPIC:$PARTITIONS" 2>&1)" || rc=$?
+    "$RESULTS_TOPIC:$PARTITIONS" "$TOOL_CALLS_TOPIC:$PARTITIONS" 2>&1)" || rc=$?
   [[ -z "$out" ]] || sed 's/^/stack-gpu: /' <<<"$out" >&2
   if ((rc == 127)); then
     rc=0
     for t in "$TOPIC:$PARTITIONS" "$BULK_TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" \
-      "$RESULTS_TOPIC:$PARTITIONS"; do
+      "$RESULTS_TOPIC:$PARTITIONS" "$TOOL_CALLS_TOPIC:$PARTITIONS"; do
       p="${t##*:}"
       t="${t%:*}"
       java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --create \

@@ -2,8 +2,9 @@
 # Local single-node Kafka (KRaft, from Maven Central jars) + Redis for qbatch.
 #
 #   deploy/local/stack.sh up [--quiet]   start (idempotent), wait healthy, create topics
-#                                        (both lanes' requests topics, DLQ, and qbatch.results
-#                                        for workers that opt in with --results-topic),
+#                                        (both lanes' requests topics, DLQ, qbatch.results
+#                                        for workers that opt in with --results-topic, and
+#                                        qbatch.tool-calls for tool loops),
 #                                        print `export QBATCH_...=...` lines on stdout
 #   deploy/local/stack.sh status         pids/ports/health; exit 0 if both up, 3 otherwise
 #   deploy/local/stack.sh down [--wipe]  stop what `up` started (pid files); --wipe drops data
@@ -38,6 +39,7 @@ DLQ_TOPIC="${QBATCH_DLQ_TOPIC:-qbatch.requests.dlq}"
 DLQ_PARTITIONS="${QBATCH_DLQ_PARTITIONS:-1}"
 RESULTS_TOPIC="${QBATCH_RESULTS_TOPIC:-qbatch.results}" # created, not exported: opt in per worker
 RESULTS_PARTITIONS="${QBATCH_RESULTS_PARTITIONS:-$PARTITIONS}"
+TOOL_CALLS_TOPIC="${QBATCH_TOOL_CALLS_TOPIC:-qbatch.tool-calls}" # tool-loop turns (qbatch tools serve)
 KAFKA_START_TIMEOUT="${QBATCH_KAFKA_START_TIMEOUT:-90}"
 REDIS_START_TIMEOUT="${QBATCH_REDIS_START_TIMEOUT:-20}"
 KAFKA_HEAP_OPTS="${QBATCH_KAFKA_HEAP_OPTS:--Xms256m -Xmx1g}"
@@ -370,13 +372,13 @@ ensure_topics() {
   if py="$(pick_python)"; then
     kafka_ctl "$py" topics --bootstrap "$BOOTSTRAP" --timeout 30 \
       "$TOPIC:$PARTITIONS" "$BULK_TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" \
-      "$RESULTS_TOPIC:$RESULTS_PARTITIONS" \
+      "$RESULTS_TOPIC:$RESULTS_PARTITIONS" "$TOOL_CALLS_TOPIC:$PARTITIONS" \
       2>&1 | sed 's/^/stack: /' >&2
     return "${PIPESTATUS[0]}"
   fi
   local t p
   for t in "$TOPIC:$PARTITIONS" "$BULK_TOPIC:$PARTITIONS" "$DLQ_TOPIC:$DLQ_PARTITIONS" \
-    "$RESULTS_TOPIC:$RESULTS_PARTITIONS"; do
+    "$RESULTS_TOPIC:$RESULTS_PARTITIONS" "$TOOL_CALLS_TOPIC:$PARTITIONS"; do
     p="${t##*:}"
     t="${t%:*}"
     java_cp org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --create \
@@ -392,6 +394,7 @@ export QBATCH_REDIS_URL=$REDIS_URL
 export QBATCH_TOPIC=$TOPIC
 export QBATCH_BULK_TOPIC=$BULK_TOPIC
 export QBATCH_DLQ_TOPIC=$DLQ_TOPIC
+export QBATCH_TOOL_CALLS_TOPIC=$TOOL_CALLS_TOPIC
 EOF
   if sasl_on; then
     sasl_secrets

@@ -248,3 +248,48 @@ def test_turns_wait_for_a_missing_executor_and_two_executors_share_the_work(
     finally:
         for proc in [*executors, worker]:
             stop_worker(proc)
+
+
+def test_bulk_run_with_an_embedded_executor_writes_the_transcript(
+    lane: Lane, tmp_path: Path
+) -> None:
+    from tests.integration.workers import qbatch
+
+    tools = registry.openai_tools("get_weather")
+    lines = [
+        {
+            "custom_id": f"line-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "messages": [{"role": "user", "content": call_block("get_weather", city=f"b{i}")}],
+                "tools": tools,
+            },
+        }
+        for i in range(5)
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    worker = start_worker(lane, log=tmp_path / "worker.log")
+    try:
+        done = qbatch(
+            lane, "--quiet", "bulk", "run", str(src), "--out", str(out), "--tool-loop", "3",
+            "--registry", "tests.tool_fixtures:registry", "--timeout", "120",
+        )  # fmt: skip
+    finally:
+        stop_worker(worker)
+    assert done.returncode == 0, done.stderr
+    rows = {row["custom_id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == [f"line-{i}" for i in range(5)]
+    for i in range(5):
+        row = rows[f"line-{i}"]
+        body = row["response"]["body"]  # the OpenAI Batch output shape
+        assert json.loads(body["choices"][0]["message"]["content"])["city"] == f"b{i}"
+        assert row["tool_loop"]["turns"] == 2
+        (call,) = row["tool_loop"]["transcript"][0]["calls"]
+        assert call["name"] == "get_weather" and call["ok"] is True
+        assert body["usage"] == row["tool_loop"]["usage"]
+    assert [ran(lane, f"get_weather:b{i}") for i in range(5)] == [1] * 5
+    again = qbatch(lane, "bulk", "submit", str(src), "--job", "x", "--tool-loop", "0")
+    assert again.returncode == 2  # --tool-loop counts turns: 0 is a usage error

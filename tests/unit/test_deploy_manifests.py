@@ -148,8 +148,17 @@ def _render(directory: Path) -> tuple[dict[str, Any], ...]:
     return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
 
 
+TOOL_EXECUTOR = "tool-executor"
+
+
+def _component(doc: dict[str, Any]) -> str | None:
+    labels: dict[str, str] = doc.get("metadata", {}).get("labels") or {}
+    return labels.get("app.kubernetes.io/component")
+
+
 def _one(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind]
+    """The one worker object of `kind` (the tool executor's objects are checked apart)."""
+    found = [d for d in docs if d["kind"] == kind and _component(d) != TOOL_EXECUTOR]
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
 
@@ -822,3 +831,37 @@ def test_deploy_readme_links_resolve() -> None:
     assert local
     for link in local:
         assert (DEPLOY / link).exists(), f"deploy/README.md links to missing {link}"
+
+
+def test_the_tool_executor_is_deployed_with_the_workers_config() -> None:
+    """k8s and compose run `qbatch tools serve` on the worker image, with its HTTP tools
+    file mounted, the worker's connection settings, and probes on its metrics port."""
+    from producer.tools.http import load_http_tools
+
+    docs = [d for p in BASE.glob("*.yaml") if p.name != "kustomization.yaml" for d in _load_all(p)]
+    (deployment,) = [
+        d for d in docs if d["kind"] == "Deployment" and _component(d) == TOOL_EXECUTOR
+    ]
+    pod = deployment["spec"]["template"]
+    assert _matches(deployment["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    (container,) = pod["spec"]["containers"]
+    command = container["command"]
+    assert command[:3] == ["qbatch", "tools", "serve"]
+    config_path = command[command.index("--config") + 1]
+    mount = next(m for m in container["volumeMounts"] if config_path.startswith(m["mountPath"]))
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    generators = _load_one(BASE / "kustomization.yaml")["configMapGenerator"]
+    generated = next(g for g in generators if g["name"] == volume["configMap"]["name"])
+    assert Path(config_path).name in generated["files"]
+    assert load_http_tools(BASE / Path(config_path).name, env={})  # the shipped file loads
+    assert container["envFrom"][0]["configMapRef"]["name"] == "qbatch-worker-config"
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    port = {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert int(env["QBATCH_TOOLS_METRICS_PORT"]) == port
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    services = _load_one(COMPOSE)["services"]
+    tools = services["tools"]
+    assert tools["entrypoint"][:3] == ["qbatch", "tools", "serve"]
+    init = " ".join(services["kafka-init"]["command"])
+    assert "QBATCH_TOOL_CALLS_TOPIC" in init, "compose creates the tool-calls topic"

@@ -1,0 +1,176 @@
+"""The loop's pure logic: the worker's route/finalize and the executor's continuation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from producer.tools.continuation import (
+    ContinuationError,
+    aborted,
+    continuation,
+    fingerprint,
+    pending_calls,
+)
+from producer.tools.runner import PendingCall
+from schemas import ChatCompletion, ErrorCode, ErrorInfo, RequestEnvelope, ResultEnvelope, Status
+from schemas.result import AssistantOutput, ChatChoice
+from schemas.tool_events import ToolTurnEvent
+from schemas.tool_loop import CallRecord
+from schemas.usage import Usage
+from worker.tool_loop import event_too_large, finalize, route, turn_of
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+
+
+def envelope(max_turns: int | None = 3, **extra: Any) -> RequestEnvelope:
+    data: dict[str, Any] = {
+        "request_id": "r1",
+        "job_id": "j1",
+        "metadata": {"team": "t"},
+        "body": {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [TOOL],
+            **extra.pop("body", {}),
+        },
+        **extra,
+    }
+    if max_turns is not None:
+        data["tool_loop"] = {"max_turns": max_turns}
+    return RequestEnvelope.model_validate(data)
+
+
+def usage(n: int) -> Usage:
+    return Usage(prompt_tokens=n, completion_tokens=n, total_tokens=2 * n)
+
+
+def result(env: RequestEnvelope, *, calls: bool, n: int = 1) -> ResultEnvelope:
+    message = AssistantOutput(
+        content=None if calls else "done",
+        tool_calls=[CALL] if calls else None,  # type: ignore[list-item]
+    )
+    response = ChatCompletion(
+        id="x",
+        created=0,
+        model="m",
+        choices=[ChatChoice(message=message, finish_reason="tool_calls" if calls else "stop")],
+        usage=usage(n),
+    )
+    return ResultEnvelope.for_request(env, Status.succeeded, response=response)
+
+
+def record(content: str = '{"ok": true}') -> CallRecord:
+    return CallRecord(
+        id="call_1", name="f", arguments='{"a": 1}', ok=True, content=content, duration_ms=2.0
+    )
+
+
+def event_for(env: RequestEnvelope) -> ToolTurnEvent:
+    routed = route(env, result(env, calls=True), lane="bulk", now_ms=7)
+    assert isinstance(routed, ToolTurnEvent)
+    return routed
+
+
+def test_a_plain_request_passes_through() -> None:
+    env = envelope(max_turns=None)
+    res = result(env, calls=True)
+    assert route(env, res, lane="bulk", now_ms=0) is res
+    assert finalize(env, res) is res
+
+
+def test_a_turn_with_calls_and_turns_left_becomes_an_event() -> None:
+    env = envelope()
+    event = event_for(env)
+    assert (event.request_id, event.turn, event.lane, event.emitted_ms) == ("r1", 1, "bulk", 7)
+    assert event.message.tool_calls and event.message.tool_calls[0].id == "call_1"
+    assert event.envelope is env
+
+
+def test_the_loop_walks_its_turns_and_sums_usage_into_the_final_result() -> None:
+    env = envelope(body={"tool_choice": "required"})
+    first = event_for(env)
+    (pending,) = pending_calls(first)
+    assert (pending.request_id, pending.turn, pending.call_id, pending.job_id) == (
+        "r1",
+        1,
+        "call_1",
+        "j1",
+    )
+    second_env = continuation(first, [record()])
+    assert turn_of(second_env) == 2 and second_env.request_id == "r1"
+    assert second_env.loop is not None and second_env.loop.lane == "bulk"
+    body = second_env.body.model_dump(exclude_none=True)  # type: ignore[union-attr]
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool"]
+    assert body["messages"][2]["tool_call_id"] == "call_1"
+    assert body["tool_choice"] == "auto"  # a forced choice is not forced again
+    second = route(second_env, result(second_env, calls=True, n=10), lane="interactive", now_ms=0)
+    assert isinstance(second, ToolTurnEvent) and second.lane == "bulk"  # the first turn's lane
+    third_env = continuation(second, [record()])
+    assert third_env.loop is not None and [t.turn for t in third_env.loop.transcript] == [1, 2]
+    final = route(third_env, result(third_env, calls=False, n=100), lane="bulk", now_ms=0)
+    assert isinstance(final, ResultEnvelope) and final.ok
+    assert final.tool_loop is not None and final.tool_loop.turns == 3
+    assert final.tool_loop.usage == usage(111) == final.response.usage  # type: ignore[union-attr]
+    assert [t.calls[0].content for t in final.tool_loop.transcript] == ['{"ok": true}'] * 2
+
+
+def test_the_last_turn_that_still_calls_fails_with_the_transcript() -> None:
+    env = envelope(max_turns=2)
+    nxt = continuation(event_for(env), [record()])
+    final = route(nxt, result(nxt, calls=True), lane="bulk", now_ms=0)
+    assert isinstance(final, ResultEnvelope) and final.status is Status.failed
+    assert final.error is not None and final.error.code is ErrorCode.tool_loop_max_turns
+    assert final.error.param == "tool_loop.max_turns"
+    assert final.tool_loop is not None and final.tool_loop.turns == 2
+    assert final.response is not None  # the calls it did not run are visible
+
+
+def test_a_failed_turn_ends_the_loop_with_what_was_done() -> None:
+    env = continuation(event_for(envelope()), [record()])
+    error = ErrorInfo(code=ErrorCode.internal_error, message="engine down")
+    failed = ResultEnvelope.for_request(env, Status.failed, error=error)
+    final = route(env, failed, lane="bulk", now_ms=0)
+    assert isinstance(final, ResultEnvelope) and final.status is Status.failed
+    assert final.tool_loop is not None and final.tool_loop.turns == 1  # turn 2 never ran
+    assert final.tool_loop.usage == usage(1)
+
+
+def test_an_event_too_large_for_the_topic_aborts() -> None:
+    env = envelope()
+    final = event_too_large(env, result(env, calls=True), 2_000_000, 1_000_000)
+    assert final.error is not None and final.error.code is ErrorCode.tool_loop_aborted
+    assert "2000000" in final.error.message
+
+
+def test_a_continuation_over_the_limits_is_an_aborted_envelope_instead() -> None:
+    env = envelope()
+    event = event_for(env)
+    huge = record(content="x" * 900_000)
+    with pytest.raises(ContinuationError, match="over the envelope limit"):
+        continuation(event, [huge])  # the content twice: a message and the transcript
+    stop = aborted(event, [huge], "too large")
+    assert stop.loop is not None and stop.loop.abort is not None
+    assert stop.loop.abort.code is ErrorCode.tool_loop_aborted
+    assert len(stop.loop.transcript[0].calls[0].content) == 2_000  # trimmed
+    assert stop.body == env.body  # the turn's own envelope, unchanged otherwise
+
+
+def test_a_caller_cannot_send_loop_state() -> None:
+    with pytest.raises(ValueError):
+        envelope(max_turns=None, loop={"turn": 2, "transcript": []})
+
+
+def test_fingerprints_change_with_any_part_of_the_call() -> None:
+    base = PendingCall("r", 1, "c", "f", "{}")
+    prints = {
+        fingerprint(base),
+        fingerprint(PendingCall("r", 1, "c2", "f", "{}")),
+        fingerprint(PendingCall("r", 1, "c", "g", "{}")),
+        fingerprint(PendingCall("r", 1, "c", "f", '{"a": 1}')),
+    }
+    assert len(prints) == 4
+    assert fingerprint(PendingCall("other", 9, "c", "f", "{}")) == fingerprint(
+        base
+    )  # key has those
