@@ -125,7 +125,11 @@ class FunctionTool(ToolSpec):
         self.max_result_bytes = max_result_bytes
         self.sensitive = sensitive
         fields: dict[str, Any] = {}
-        for param in inspect.signature(fn).parameters.values():
+        try:  # string annotations (`from __future__ import annotations`) resolved here
+            signature = inspect.signature(fn, eval_str=True)
+        except NameError as exc:
+            raise TypeError(f"tool {self.name}: an annotation does not resolve: {exc}") from None
+        for param in signature.parameters.values():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise TypeError(f"tool {self.name}: *args/**kwargs cannot be described")
             annotation = Any if param.annotation is param.empty else param.annotation

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -62,6 +62,12 @@ def pipeline() -> Iterator[dict[str, Any]]:
         group=f"{run}-w",
         prefix=run,
         metrics_port=0,
+        tool_calls_topic=f"{run}.tool-calls",
+        # forced calls as compact JSON: random weights would otherwise wander in the
+        # whitespace the grammar allows and run out of tokens before the call closes
+        engine_args={
+            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}
+        },
     )
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     admin.create_topics(
@@ -69,14 +75,18 @@ def pipeline() -> Iterator[dict[str, Any]]:
             NewTopic(settings.topic, 4, 1),
             NewTopic(settings.bulk_topic, 4, 1),
             NewTopic(settings.dlq_topic, 1, 1),
+            NewTopic(settings.tool_calls_topic, 4, 1),
         ]
     )
     admin.close()
+    executor = _executor(settings, run)
     engine = VllmEngine.from_settings(settings)
     engine.start()
     worker = build_worker(settings, engine)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
+    executor_thread = threading.Thread(target=executor.run, daemon=True)
+    executor_thread.start()
     producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
 
@@ -90,9 +100,36 @@ def pipeline() -> Iterator[dict[str, Any]]:
         return json.loads(raw)
 
     yield {"send": send, "engine": engine, "worker": worker}
+    executor.request_stop()
+    executor_thread.join(timeout=30)
     worker.request_stop()
     thread.join(timeout=120)  # the worker closes the engine (AsyncLLM.shutdown)
     producer.close()
+
+
+def _executor(settings: Any, run: str) -> Any:
+    """`qbatch tools serve` in a thread, with one weather tool."""
+    from producer.tools import ToolRegistry
+    from worker.tool_executor import ExecutorSettings, ToolExecutor
+
+    registry = ToolRegistry()
+
+    @registry.tool
+    def get_weather(city: Literal["Oslo", "Paris"]) -> dict[str, Any]:
+        """Current weather for a city."""
+        return {"city": city, "temp_c": 21}
+
+    executor_settings = ExecutorSettings(
+        kafka_bootstrap=settings.kafka_bootstrap,
+        redis_url=settings.redis_url,
+        topic=settings.topic,
+        dlq_topic=settings.dlq_topic,
+        tool_calls_topic=settings.tool_calls_topic,
+        prefix=run,
+        tools_group=f"{run}-tools",
+        tools_metrics_port=0,
+    )
+    return ToolExecutor(executor_settings, registry)
 
 
 def test_plain_chat_round_trip(pipeline: dict[str, Any]) -> None:
@@ -214,3 +251,49 @@ def test_response_format_json_schema_constrains_the_output(pipeline: dict[str, A
     else:
         assert choice["finish_reason"] == "length"
         assert text.strip() == "" or text.lstrip().startswith("{"), text[:200]
+
+
+def test_a_forced_tool_call_loops_to_the_final_turn(pipeline: dict[str, Any]) -> None:
+    """Two turns on the real engine: turn 1 is forced to call get_weather (structured
+    outputs make the random-weight model emit valid arguments), the executor runs it, and
+    turn 2 (tool_choice back to auto) renders the call and its result and answers."""
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    res = pipeline["send"](
+        {
+            "request_id": "loop",
+            "tool_loop": {"max_turns": 2},
+            "body": {
+                "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+                "tools": [weather],
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "max_tokens": 48,
+                "temperature": 0,
+            },
+        }
+    )
+    assert res["status"] == "succeeded", res
+    loop = res["tool_loop"]
+    assert loop["turns"] == 2, loop
+    (turn,) = loop["transcript"]
+    (call,) = turn["calls"]
+    assert call["name"] == "get_weather" and call["ok"], call
+    city = json.loads(call["arguments"])["city"]
+    assert city in {"Oslo", "Paris"} and json.loads(call["content"]) == {"city": city, "temp_c": 21}
+    usage = res["response"]["usage"]
+    first = turn["usage"]
+    # summed over both turns; turn 2's prompt is turn 1's plus the call and its result
+    assert usage["prompt_tokens"] > 2 * first["prompt_tokens"], (usage, first)
+    assert usage["completion_tokens"] > first["completion_tokens"], (usage, first)
+    assert res["response"]["choices"][0]["finish_reason"] in {"stop", "length"}

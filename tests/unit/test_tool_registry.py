@@ -235,3 +235,27 @@ def test_expand_env() -> None:
     assert expand_env("no vars $A {A}", {}) == "no vars $A {A}"
     with pytest.raises(ValueError, match="MISSING"):
         expand_env("${MISSING}", {})
+
+
+def test_string_annotations_resolve_in_the_tools_module() -> None:
+    """Most modules use `from __future__ import annotations`; found on the H200, where a
+    `Literal` parameter failed with "not fully defined"."""
+    from tests.unit._future_tools import registry
+
+    (entry,) = registry.openai_tools()
+    city = entry["function"]["parameters"]["properties"]["city"]
+    assert city == {"enum": ["Oslo", "Paris"], "type": "string"}
+    spec = registry.get("forecast")
+    assert spec is not None
+    with pytest.raises(InvalidArguments):
+        spec.validate({"city": "Rome"})
+    with pytest.raises(TypeError, match="does not resolve"):
+        ToolRegistry().tool(_unresolvable())
+
+
+def _unresolvable() -> Any:
+    def tool(x: NotDefinedAnywhere) -> None:  # type: ignore[name-defined]  # noqa: F821
+        return None
+
+    tool.__annotations__["x"] = "NotDefinedAnywhere"
+    return tool

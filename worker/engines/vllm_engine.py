@@ -74,6 +74,17 @@ def engine_kwargs(settings: WorkerSettings) -> dict[str, Any]:
     return kwargs
 
 
+def _config_objects(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`--engine-args` JSON gives config sections as dicts; `LLM` converts them itself,
+    `AsyncEngineArgs` does not for every section, so the ones it leaves are made here."""
+    section = kwargs.get("structured_outputs_config")
+    if not isinstance(section, dict):
+        return kwargs
+    from vllm.config import StructuredOutputsConfig
+
+    return {**kwargs, "structured_outputs_config": StructuredOutputsConfig(**section)}
+
+
 def sampling_params(spec: SamplingSpec) -> Any:
     """SamplingSpec -> vllm.SamplingParams, final output only (no per-token streaming)."""
     from vllm import SamplingParams
@@ -206,7 +217,7 @@ class VllmEngine(Engine):
             from vllm.v1.engine.async_llm import AsyncLLM
 
             self._llm = AsyncLLM.from_engine_args(
-                AsyncEngineArgs(**self._kwargs),
+                AsyncEngineArgs(**_config_objects(self._kwargs)),
                 usage_context=UsageContext.LLM_CLASS,
                 stat_loggers=[_StatsLogger],
             )
