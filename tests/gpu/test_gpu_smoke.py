@@ -99,7 +99,7 @@ def pipeline() -> Iterator[dict[str, Any]]:
         assert raw is not None, f"no result for {rid}"
         return json.loads(raw)
 
-    yield {"send": send, "engine": engine, "worker": worker}
+    yield {"send": send, "engine": engine, "worker": worker, "executor": executor}
     executor.request_stop()
     executor_thread.join(timeout=30)
     worker.request_stop()
@@ -257,19 +257,7 @@ def test_a_forced_tool_call_loops_to_the_final_turn(pipeline: dict[str, Any]) ->
     """Two turns on the real engine: turn 1 is forced to call get_weather (structured
     outputs make the random-weight model emit valid arguments), the executor runs it, and
     turn 2 (tool_choice back to auto) renders the call and its result and answers."""
-    weather = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather for a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    }
+    weather = pipeline["executor"].registry.openai_tools("get_weather")[0]
     res = pipeline["send"](
         {
             "request_id": "loop",
