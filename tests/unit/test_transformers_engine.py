@@ -207,3 +207,64 @@ def test_submit_after_close_answers_every_request(tiny_qwen3_dir: Path) -> None:
     closed = Collector(2)
     eng.submit([greedy("c1", "Hi", 1), greedy("c2", "Hi", 1)], closed)
     assert {o.finish for o in closed.wait().values()} == {"error"}
+
+
+def test_a_tool_loop_continuation_runs_through_the_real_template(engine: Any) -> None:
+    """Turn 2 of a loop on the CPU engine: the assistant's call and the tool's result are
+    rendered by Qwen3's own template, generated, and the turn becomes the final result."""
+    from producer.tools.continuation import continuation
+    from schemas import ResultEnvelope, Status
+    from schemas.result import AssistantOutput
+    from schemas.tool_events import ToolTurnEvent
+    from schemas.tool_loop import CallRecord
+    from schemas.usage import Usage
+    from worker.outputs import build_response
+    from worker.tool_loop import route
+
+    tool = {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object"}},
+    }
+    first = RequestEnvelope.model_validate(
+        {
+            "request_id": "loop",
+            "tool_loop": {"max_turns": 2},
+            "body": {
+                "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+                "tools": [tool],
+                "max_tokens": 6,
+                "temperature": 0.0,
+                "chat_template_kwargs": {"enable_thinking": False},
+            },
+        }
+    )
+    call = {"id": "call_0", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    event = ToolTurnEvent(
+        request_id="loop", turn=1, lane="interactive", envelope=first,
+        message=AssistantOutput(tool_calls=[call]),  # type: ignore[list-item]
+        usage=Usage(prompt_tokens=20, completion_tokens=9, total_tokens=29), emitted_ms=0,
+    )  # fmt: skip
+    record = CallRecord(
+        id="call_0", name="get_weather", arguments='{"city": "Oslo"}', ok=True,
+        content='{"temp_c": 21}', duration_ms=1.0,
+    )  # fmt: skip
+    second = continuation(event, [record])
+    renderer = PromptRenderer(
+        engine.tokenizer, max_model_len=engine.max_model_len, served_names={engine.model_name}
+    )
+    rendered = renderer.render(second)
+    assert '{"name": "get_weather", "arguments": {"city": "Oslo"}}' in rendered.text
+    assert '<tool_response>\n{"temp_c": 21}\n</tool_response>' in rendered.text
+    output = run(engine, [rendered.engine_request("k")])["k"]
+    assert output.prompt_tokens == len(rendered.engine_request("k").prompt_token_ids or [])
+    response, _ = build_response(second, rendered, output, model=engine.model_name, created=0)
+    final = route(
+        second,
+        ResultEnvelope.for_request(second, Status.succeeded, response=response),
+        lane="interactive",
+        now_ms=0,
+    )
+    assert isinstance(final, ResultEnvelope) and final.tool_loop is not None
+    assert final.tool_loop.turns == 2 and final.tool_loop.transcript[0].calls == [record]
+    assert final.response is not None
+    assert final.response.usage.prompt_tokens == 20 + output.prompt_tokens
