@@ -29,6 +29,9 @@ STATUS_CODES: dict[str, int] = {
     ErrorCode.engine_error: 500,
     ErrorCode.internal_error: 500,
     ErrorCode.duplicate_request_id: 409,
+    # the request was fine and ran; the loop did not reach an answer (transcript kept)
+    ErrorCode.tool_loop_max_turns: 422,
+    ErrorCode.tool_loop_aborted: 422,
 }
 """HTTP-like status of an output line by error code; 200 when the request succeeded."""
 

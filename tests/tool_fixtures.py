@@ -18,7 +18,14 @@ from producer.tools import ToolCallContext, ToolRegistry
 
 
 def _approve_small(call: ToolCallContext) -> bool | str:
-    """Sensitive calls: payments up to 100 approved, others refused with a reason."""
+    """Sensitive calls: payments up to 100 approved, others refused with a reason.
+
+    `step` is sensitive only so this hook sees its context just before it runs: a run of a
+    call whose outcome is already recorded in the executor's ledger is counted in
+    `{prefix}:ran_recorded` (the kill -9 test asserts it stays 0)."""
+    if call.name == "step":
+        _count_if_recorded(call)
+        return True
     amount = call.arguments.get("amount", 0)
     return True if isinstance(amount, int) and amount <= 100 else "payments over 100 need a human"
 
@@ -27,13 +34,27 @@ registry = ToolRegistry(permission=_approve_small)
 _redis: redis.Redis | None = None
 
 
-def _count(key: str) -> None:
+def _client() -> redis.Redis:
     global _redis
     if _redis is None:
         _redis = redis.Redis.from_url(
             os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0")
         )
-    _redis.incr(f"{os.environ.get('QBATCH_PREFIX', 'qbatch')}:ran:{key}")
+    return _redis
+
+
+def _count(key: str) -> None:
+    _client().incr(f"{os.environ.get('QBATCH_PREFIX', 'qbatch')}:ran:{key}")
+
+
+def _count_if_recorded(call: ToolCallContext) -> None:
+    prefix = os.environ.get("QBATCH_PREFIX", "qbatch")
+    client = _client()
+    pattern = f"{prefix}:toolcall:{call.request_id}:{call.turn}:*"
+    for key in client.scan_iter(match=pattern, count=10_000):
+        value = client.get(key)
+        if value is not None and json.loads(value)["id"] == call.call_id:
+            client.incr(f"{prefix}:ran_recorded")
 
 
 def call_block(name: str, **arguments: object) -> str:
@@ -47,13 +68,19 @@ def get_weather(city: str, unit: str = "c") -> dict[str, object]:
     return {"city": city, "temp": 21 if unit == "c" else 70, "unit": unit}
 
 
-@registry.tool
+@registry.tool(sensitive=True)
 def step(n: int, until: int = 2, tag: str = "") -> str:
     """Count up; until `until` is reached, the result asks the echo model to call again."""
     _count(f"step:{tag}:{n}")
     if n < until:
         return call_block("step", n=n + 1, until=until, tag=tag)
     return f"done at {n}"
+
+
+@registry.tool
+def hop(n: int, until: int = 2) -> str:
+    """`step` without side effects or checks: what the benchmark loops through."""
+    return call_block("hop", n=n + 1, until=until) if n < until else f"done at {n}"
 
 
 @registry.tool(timeout_s=0.5)

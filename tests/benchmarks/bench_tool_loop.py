@@ -4,8 +4,8 @@
     .venv/bin/python -m tests.benchmarks.bench_tool_loop --loops 5000 --turns 4
 
 Needs the local stack (`bash deploy/local/stack.sh up`). One worker (echo engine) and one
-`qbatch tools serve` (the `step` tool of `tests.tool_fixtures`, which scripts the echo
-"model" into calling again until the last turn), started fresh for every phase on fresh
+`qbatch tools serve` (the `hop` tool of `tests.tool_fixtures`, which scripts the echo
+"model" into calling again until the last turn, and does nothing else), started fresh for every phase on fresh
 topics, all on this machine:
 
 1. `plain, one at a time`: `--sequential` single-turn requests, each waited for;
@@ -37,7 +37,7 @@ from schemas import Status
 from tests.integration.workers import Lane, start_executor, start_worker, stop_worker
 from tests.tool_fixtures import call_block, registry
 
-TOOLS = registry.openai_tools("step")
+TOOLS = registry.openai_tools("hop")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -48,7 +48,7 @@ def _pct(values: list[float], q: float) -> float:
 def _body(i: int, turns: int, loop: bool) -> dict[str, Any]:
     if not loop:
         return {"messages": [{"role": "user", "content": f"plain {i}"}], "max_tokens": 16}
-    block = call_block("step", n=1, until=turns - 1, tag=f"b{i}")
+    block = call_block("hop", n=1, until=turns - 1)
     return {"messages": [{"role": "user", "content": block}], "tools": TOOLS}
 
 

@@ -293,3 +293,37 @@ def test_bulk_run_with_an_embedded_executor_writes_the_transcript(
     assert [ran(lane, f"get_weather:b{i}") for i in range(5)] == [1] * 5
     again = qbatch(lane, "bulk", "submit", str(src), "--job", "x", "--tool-loop", "0")
     assert again.returncode == 2  # --tool-loop counts turns: 0 is a usage error
+
+
+def test_the_readme_weather_example_runs_as_written(lane: Lane, tmp_path: Path) -> None:
+    """The README's "Tool loop" example, run as a user would: the file as the executor's
+    registry and as the client script. Only the question changes: the echo "model" is
+    scripted by a `<tool_call>` block where a real model would decide to call."""
+    import re
+    import subprocess
+    import sys
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Tool loop", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None, "the README's Tool loop section has no python example"
+    question = '"Weather in Paris?"'
+    assert question in code.group(1)
+    scripted = json.dumps(call_block("get_weather", city="Paris"))
+    (tmp_path / "weather_tools.py").write_text(code.group(1).replace(question, scripted))
+    worker = start_worker(lane, log=tmp_path / "worker.log")
+    executor = start_executor(
+        lane, "weather_tools:registry", log=tmp_path / "executor.log", pythonpath=tmp_path
+    )
+    try:
+        run = subprocess.run(
+            [sys.executable, "weather_tools.py"],
+            cwd=tmp_path, env=lane.env(), capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    finally:
+        stop_worker(executor)
+        stop_worker(worker)
+    assert run.returncode == 0, run.stderr[-3000:]
+    answer, transcript = run.stdout.strip().splitlines()
+    assert json.loads(answer) == {"city": "Paris", "temp": 21, "unit": "celsius"}
+    assert "get_weather" in transcript and '"temp":21' in transcript

@@ -196,8 +196,10 @@ def start_executor(
     registry: str = "tests.tool_fixtures:registry",
     *extra: str,
     log: Path | None = None,
+    pythonpath: Path | None = None,
 ) -> subprocess.Popen[bytes]:
-    """`qbatch tools serve` for `lane` (stop it with `stop_worker`)."""
+    """`qbatch tools serve` for `lane` (stop it with `stop_worker`); `pythonpath`: where
+    a registry module outside the repo lives."""
     cmd = [
         sys.executable,
         "-m",
@@ -212,7 +214,10 @@ def start_executor(
         *extra,
     ]
     sink = log.open("ab") if log is not None else subprocess.DEVNULL
-    return subprocess.Popen(cmd, env=lane.env(), cwd=REPO, stdout=sink, stderr=sink)
+    env = lane.env()
+    if pythonpath is not None:
+        env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env['PYTHONPATH']}"
+    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=sink, stderr=sink)
 
 
 def qbatch(lane: Lane, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

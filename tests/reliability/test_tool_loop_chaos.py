@@ -6,7 +6,8 @@ restarted. Every loop must finish with its full transcript, and a tool may run t
 for calls whose record was not written yet when the executor died (at most one poll's
 worth, `--max-batch`): a recorded call never runs again, whoever redelivers it (the
 executor's own uncommitted poll, or the worker re-running a turn, whose call ids are
-derived from request and turn).
+derived from request and turn). The `step` tool's permission hook checks the ledger just
+before each run and counts runs of calls already recorded: that count must be 0.
 """
 
 from __future__ import annotations
@@ -109,9 +110,10 @@ def test_loops_finish_and_recorded_calls_never_rerun_across_kill_9(
         runs = [
             int(r.get(f"{lane.prefix}:ran:step:L{i}:{n}") or 0) for i in range(N) for n in (1, 2)
         ]
-        r.close()
         assert min(runs) == 1, "every call ran"
         reruns = sum(count - 1 for count in runs)
+        recorded_reruns = int(r.get(f"{lane.prefix}:ran_recorded") or 0)
+        r.close()
         figures(
             "tool loop kill -9",
             loops=N,
@@ -119,6 +121,10 @@ def test_loops_finish_and_recorded_calls_never_rerun_across_kill_9(
             done_at_executor_kill=at_executor_kill,
             done_at_worker_kill=at_worker_kill,
             reruns=reruns,
+            reruns_of_recorded_calls=recorded_reruns,
+        )
+        assert recorded_reruns == 0, (
+            f"{recorded_reruns} calls ran though their outcome was recorded"
         )
         assert reruns <= MAX_BATCH, (
             f"{reruns} calls ran again: more than one unrecorded poll ({MAX_BATCH}) can explain"

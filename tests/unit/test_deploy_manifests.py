@@ -860,6 +860,12 @@ def test_the_tool_executor_is_deployed_with_the_workers_config() -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert int(env["QBATCH_TOOLS_METRICS_PORT"]) == port
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor" and _component(d) == TOOL_EXECUTOR]
+    assert _matches(monitor["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    scrape = _load_one(DEPLOY / "prometheus" / "prometheus.yml")["scrape_configs"]
+    targets = [t for job in scrape for c in job["static_configs"] for t in c["targets"]]
+    assert f"tools:{port}" in targets, "compose's Prometheus scrapes the executor"
     services = _load_one(COMPOSE)["services"]
     tools = services["tools"]
     assert tools["entrypoint"][:3] == ["qbatch", "tools", "serve"]

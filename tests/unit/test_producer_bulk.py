@@ -207,6 +207,8 @@ def test_success_output_line() -> None:
         (Status.cancelled, ErrorCode.cancelled, 499),
         (Status.failed, ErrorCode.engine_error, 500),
         (Status.failed, ErrorCode.internal_error, 500),
+        (Status.failed, ErrorCode.tool_loop_max_turns, 422),
+        (Status.failed, ErrorCode.tool_loop_aborted, 422),
     ],
 )
 def test_error_output_lines(status: Status, code: ErrorCode, http: int) -> None:
