@@ -30,6 +30,7 @@ from producer.cli_common import (
     PriorityOpt,
     ResultTtlOpt,
     ToolLoopOpt,
+    bare_tool_loop,
     client_for,
     emit_json,
     err,
@@ -234,7 +235,7 @@ def wait_cmd(
 
 
 def main() -> None:
-    app()
+    app(args=bare_tool_loop(sys.argv[1:]), prog_name="qbatch")
 
 
 if __name__ == "__main__":

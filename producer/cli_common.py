@@ -36,6 +36,7 @@ from rich.progress import (
 from producer.client import PublishError, QBatchClient
 from producer.jobs import JobError
 from schemas import ConnectionSettings, ContractError, ResultEnvelope, Status
+from schemas.limits import DEFAULT_TOOL_TURNS
 from schemas.request import RequestOptions
 
 EXIT_OK = 0
@@ -188,12 +189,27 @@ PriorityOpt = Annotated[int | None, typer.Option("--priority", help=_help("prior
 DeadlineOpt = Annotated[str | None, typer.Option("--deadline", help=_help("deadline"))]
 ResultTtlOpt = Annotated[int | None, typer.Option("--result-ttl", help=_help("result_ttl_s"))]
 MetadataOpt = Annotated[str | None, typer.Option("--metadata", help=_help("metadata"))]
+
+
+def bare_tool_loop(argv: list[str]) -> list[str]:
+    """`--tool-loop` written without a number (`bulk run F --tool-loop --registry m:r`, as
+    the design writes it) means the default turn limit: insert it, so the option keeps
+    taking an integer everywhere else. Pure."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--tool-loop" and (i + 1 == len(argv) or not argv[i + 1].lstrip("-").isdigit()):
+            out.append(str(DEFAULT_TOOL_TURNS))
+    return out
+
+
 ToolLoopOpt = Annotated[
     int | None,
     typer.Option(
         "--tool-loop",
         help="Run the model's tool calls and continue, for at most N model turns "
-        "(tool_loop.max_turns); needs an executor (`qbatch tools serve`).",
+        f"(tool_loop.max_turns; bare --tool-loop: {DEFAULT_TOOL_TURNS}); needs an "
+        "executor (`qbatch tools serve`).",
         min=1,
     ),
 ]

@@ -259,3 +259,20 @@ def _unresolvable() -> Any:
 
     tool.__annotations__["x"] = "NotDefinedAnywhere"
     return tool
+
+
+def test_a_bare_tool_loop_flag_means_the_default_turn_limit() -> None:
+    from producer.cli_common import bare_tool_loop
+    from schemas.limits import DEFAULT_TOOL_TURNS
+
+    d = str(DEFAULT_TOOL_TURNS)
+    assert bare_tool_loop(["bulk", "run", "f", "--tool-loop", "--registry", "m:r"]) == [
+        "bulk", "run", "f", "--tool-loop", d, "--registry", "m:r",
+    ]  # fmt: skip
+    assert bare_tool_loop(["bulk", "run", "f", "--tool-loop"])[-1] == d
+    assert bare_tool_loop(["bulk", "run", "--tool-loop", "f"]) == [
+        "bulk", "run", "--tool-loop", d, "f",
+    ]  # fmt: skip
+    assert bare_tool_loop(["submit", "--tool-loop", "6"]) == ["submit", "--tool-loop", "6"]
+    assert bare_tool_loop(["submit", "--tool-loop", "-1"]) == ["submit", "--tool-loop", "-1"]
+    assert bare_tool_loop(["submit", "--tool-loop=3"]) == ["submit", "--tool-loop=3"]
