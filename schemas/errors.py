@@ -139,6 +139,9 @@ class ContractError(ValueError):
         params: list[str] = []
         for err in errors[:3]:
             param = loc_to_param(tuple(err["loc"]))
+            if err["type"] == "field_error":  # schemas.common.field_error: a model's field
+                field = str((err.get("ctx") or {}).get("field", ""))
+                param = f"{param}.{field}" if param and field else param or field
             if prefix:
                 param = f"{prefix}.{param}" if param else prefix
             params.append(param)

@@ -37,3 +37,12 @@ MAX_TOOL_TURNS = 16
 DEFAULT_TOOL_TURNS = 4
 DEFAULT_TOOL_RESULT_BYTES = 16_384
 """A tool's result beyond this many bytes (UTF-8) is refused (`max_result_bytes`)."""
+MAX_CHOICES = 16
+"""`n`: choices per request (each is a sequence in the engine's batch)."""
+MAX_TOP_LOGPROBS = 20
+"""`top_logprobs` / completions `logprobs`: vLLM's default `max_logprobs`."""
+MAX_LOGIT_BIAS = 1_024
+MAX_ALLOWED_TOKEN_IDS = 4_096
+MAX_STOP_TOKEN_IDS = 64
+MAX_BAD_WORDS = 64
+TOKEN_ID_BOUND = 2**31

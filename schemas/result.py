@@ -40,11 +40,40 @@ class AssistantOutput(ResultModel):
     tool_calls: list[ToolCall] | None = None
 
 
+class TopLogprob(ResultModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(ResultModel):
+    """OpenAI's `ChatCompletionTokenLogprob`."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(ResultModel):
+    content: list[ChatTokenLogprob] | None
+    refusal: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(ResultModel):
+    """The legacy completions `logprobs` object (parallel lists, one entry per token)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class ChatChoice(ResultModel):
     index: int = 0
     message: AssistantOutput
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(ResultModel):
@@ -54,13 +83,15 @@ class ChatCompletion(ResultModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    system_fingerprint: str | None = None
+    """Engine, model and qbatch version the answer came from (`worker.fingerprint`)."""
 
 
 class CompletionChoice(ResultModel):
     index: int = 0
     text: str
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(ResultModel):
@@ -70,6 +101,7 @@ class Completion(ResultModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    system_fingerprint: str | None = None
 
 
 class ToolCallError(ResultModel):
@@ -79,6 +111,8 @@ class ToolCallError(ResultModel):
     raw: str
     reason: str
     name: str | None = None
+    choice: int = 0
+    """The `choices[]` index of the output it was in (with `n` > 1)."""
 
 
 class Timings(ResultModel):

@@ -6,20 +6,58 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 
+class PromptTokensDetails(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache (0 on engines without one)."""
+
+
+class CompletionTokensDetails(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reasoning_tokens: int = 0
+    """Completion tokens spent in `<think>` (up to and including `</think>`)."""
+
+
 class Usage(BaseModel):
-    """OpenAI's `usage` object."""
+    """OpenAI's `usage` object. With `n` > 1 the prompt counts once and the completion
+    tokens of every choice add up, as OpenAI bills them."""
 
     model_config = ConfigDict(extra="forbid")
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
 
     def plus(self, other: Usage) -> Usage:
+        def cached(usage: Usage) -> int:
+            details = usage.prompt_tokens_details
+            return details.cached_tokens if details else 0
+
+        def reasoning(usage: Usage) -> int:
+            details = usage.completion_tokens_details
+            return details.reasoning_tokens if details else 0
+
+        detailed = any(
+            u.prompt_tokens_details or u.completion_tokens_details for u in (self, other)
+        )
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens,
+            prompt_tokens_details=(
+                PromptTokensDetails(cached_tokens=cached(self) + cached(other))
+                if detailed
+                else None
+            ),
+            completion_tokens_details=(
+                CompletionTokensDetails(reasoning_tokens=reasoning(self) + reasoning(other))
+                if detailed
+                else None
+            ),
         )
 
 

@@ -7,6 +7,9 @@ test rather than a dashboard in production.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -233,3 +236,12 @@ TOOL_TURN_LATENCY = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=TOOLS_REGISTRY,
 )
+
+
+@functools.lru_cache(maxsize=4096)
+def labelled(metric: Any, *values: str) -> Any:
+    """`metric.labels(*values)`, kept: the writer labels two metrics per result, and
+    prometheus_client's `labels()` takes ~1 us each (argument checks and a lock) to find
+    the same child again. Only for label values of bounded cardinality (statuses, error
+    codes, lanes)."""
+    return metric.labels(*values)

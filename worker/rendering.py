@@ -28,6 +28,7 @@ any per-call heavy work.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -48,6 +49,7 @@ from schemas.request import (
     ToolMessage,
     UserMessage,
     content_text,
+    media_parts,
 )
 from worker.engines.base import EngineRequest, SamplingSpec
 from worker.forced_calls import ForcedCall, forced_call, forced_schema
@@ -102,6 +104,9 @@ class RenderedPrompt:
     """Length of the prompt in tokens (whitespace-split words without a tokenizer)."""
     forced: ForcedCall | None = None
     """A forced tool choice: the output is JSON (see `worker.forced_calls`)."""
+    think_end_id: int | None = None
+    """The `</think>` token id when reasoning is enabled (counts reasoning tokens)."""
+    cache_salt: str | None = None
 
     def engine_request(self, key: str, priority: int = 0) -> EngineRequest:
         return EngineRequest(
@@ -110,6 +115,7 @@ class RenderedPrompt:
             prompt_token_ids=self.token_ids,
             sampling=self.sampling,
             priority=priority,
+            cache_salt=self.cache_salt,
         )
 
 
@@ -125,39 +131,79 @@ def load_generation_defaults(model_dir: str | Path) -> dict[str, Any]:
     return {key: data[key] for key in GENERATION_DEFAULT_KEYS if data.get(key) is not None}
 
 
+_EXTENDED_FIELDS = frozenset(
+    {
+        "seed",
+        "stop",
+        "ignore_eos",
+        "min_tokens",
+        "response_format",
+        "structured_outputs",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "min_p",
+        "repetition_penalty",
+        "logit_bias",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "allowed_token_ids",
+        "bad_words",
+    }
+)
+"""Body fields past the five generation defaults: most requests send none of them, and
+`sampling_from_body` skips them all then (the echo benchmark's hot path)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_spec(*items: tuple[str, Any]) -> SamplingSpec:
+    """SamplingSpecs are frozen, so requests that ask the same share one (most requests
+    differ at most in max_tokens and temperature; building one is ~2 us of 25 fields)."""
+    return SamplingSpec(**dict(items))
+
+
 def sampling_from_body(
     body: ChatCompletionBody | CompletionBody,
     max_tokens: int,
     generation_defaults: Mapping[str, Any] | None = None,
 ) -> SamplingSpec:
     """Map OpenAI body fields onto a `SamplingSpec`; unset fields fall back to the defaults."""
+    given = body.model_fields_set
     defaults = generation_defaults or {}
-
-    def pick(name: str) -> Any:
-        value = getattr(body, name)
-        return defaults.get(name) if value is None else value
-
-    json_schema: dict[str, Any] | None = None
-    json_object = False
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens}
+    for name in GENERATION_DEFAULT_KEYS:
+        value = getattr(body, name) if name in given else None
+        if value is None:
+            value = defaults.get(name)
+        if value is not None:
+            kwargs[name] = int(value) if name == "top_k" else float(value)
+    if given.isdisjoint(_EXTENDED_FIELDS):
+        return _plain_spec(*kwargs.items())
     fmt = body.response_format
     if isinstance(fmt, JsonSchemaFormat):
-        json_schema = fmt.json_schema.schema_
+        kwargs["json_schema"] = fmt.json_schema.schema_
     elif isinstance(fmt, JsonObjectFormat):
-        json_object = True
-    top_k = pick("top_k")
+        kwargs["json_object"] = True
+    structured = body.structured_outputs
+    if structured is not None:
+        kwargs["json_schema"] = structured.json_
+        kwargs["json_object"] = bool(structured.json_object)
+        kwargs["choice"] = tuple(structured.choice) if structured.choice else None
     return SamplingSpec(
-        max_tokens=max_tokens,
-        temperature=_opt_float(pick("temperature")),
-        top_p=_opt_float(pick("top_p")),
-        top_k=None if top_k is None else int(top_k),
+        **kwargs,
         seed=body.seed,
         stop=tuple(body.stop_list()),
-        presence_penalty=_opt_float(pick("presence_penalty")),
-        frequency_penalty=_opt_float(pick("frequency_penalty")),
         ignore_eos=bool(body.ignore_eos),
         min_tokens=min(body.min_tokens or 0, max_tokens),
-        json_schema=json_schema,
-        json_object=json_object,
+        n=body.choices(),
+        logprobs=body.top_logprobs_k(),
+        min_p=_opt_float(body.min_p),
+        repetition_penalty=_opt_float(body.repetition_penalty),
+        logit_bias=tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items()),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        include_stop_str_in_output=bool(body.include_stop_str_in_output),
+        allowed_token_ids=tuple(body.allowed_token_ids) if body.allowed_token_ids else None,
+        bad_words=tuple(body.bad_words or ()),
     )
 
 
@@ -223,7 +269,10 @@ class PromptRenderer:
         served_names: set[str] | frozenset[str],
         default_max_tokens: int | None = None,
         generation_defaults: Mapping[str, Any] | None = None,
+        modalities: Iterable[str] = ("text",),
     ) -> None:
+        """`modalities`: what the served model reads; media parts of another kind are
+        refused before rendering (a multimodal engine passes e.g. ("text", "image"))."""
         if max_model_len < 1:
             raise ValueError("max_model_len must be positive")
         self.tokenizer = tokenizer
@@ -239,6 +288,8 @@ class PromptRenderer:
         # Thinking is only "enabled" for templates that know about <think> (Qwen3 and kin).
         self._template_thinks = isinstance(template, str) and "<think>" in template
         self._vocab_size = len(tokenizer) if tokenizer is not None else None
+        self._think_end_id = _token_id(tokenizer, "</think>") if self._template_thinks else None
+        self.modalities = frozenset(modalities)
 
     # ------------------------------------------------------------------ public
 
@@ -251,7 +302,9 @@ class PromptRenderer:
                 param="body.model",
                 code=ErrorCode.unknown_model,
             )
+        self._check_token_ids(body)
         if isinstance(body, ChatCompletionBody):
+            self._check_media(body)
             text, token_ids, n_prompt, reasoning, tools = self._render_chat(body)
             prompt_param = "body.messages"
             explicit = body.max_completion_tokens or body.max_tokens
@@ -268,12 +321,13 @@ class PromptRenderer:
         sampling = sampling_from_body(body, max_tokens, self.generation_defaults)
         forced = forced_call(body) if isinstance(body, ChatCompletionBody) else None
         if forced is not None and tools:
-            if body.response_format is not None:
-                raise ContractError(
-                    "a forced tool_choice makes the output the call itself; it cannot be "
-                    "combined with response_format",
-                    param="body.response_format",
-                )
+            for name in ("response_format", "structured_outputs"):
+                if getattr(body, name) is not None:
+                    raise ContractError(
+                        "a forced tool_choice makes the output the call itself; it cannot be "
+                        f"combined with {name}",
+                        param=f"body.{name}",
+                    )
             schema = forced_schema(forced, tools)
             sampling = replace(sampling, json_schema=schema, json_object=False)
             reasoning = False  # the output is the call's JSON from its first token
@@ -285,9 +339,43 @@ class PromptRenderer:
             tools=tools,
             prompt_tokens=n_prompt,
             forced=forced if tools else None,
+            think_end_id=self._think_end_id if reasoning else None,
+            cache_salt=body.cache_salt,
         )
 
     # ------------------------------------------------------------------ internals
+
+    def _check_media(self, body: ChatCompletionBody) -> None:
+        for i, message in enumerate(body.messages):
+            content = getattr(message, "content", None)
+            if content is None or type(content) is str:
+                continue  # the common case: no parts to look at
+            for j, part in media_parts(content):
+                kind = _MEDIA_MODALITY[part.type]
+                if kind not in self.modalities:
+                    names = ", ".join(sorted(self.served_names)) or "the served model"
+                    raise ContractError(
+                        f"{part.type} parts need a model that reads {kind}; {names} is "
+                        f"{'-'.join(sorted(self.modalities))}-only",
+                        param=f"body.messages[{i}].content[{j}]",
+                    )
+
+    def _check_token_ids(self, body: ChatCompletionBody | CompletionBody) -> None:
+        """Token ids a request names must be in the vocabulary (vLLM refuses them too)."""
+        if self._vocab_size is None:
+            return
+        named = {
+            "logit_bias": [int(k) for k in body.logit_bias or ()],
+            "allowed_token_ids": body.allowed_token_ids or (),
+            "stop_token_ids": body.stop_token_ids or (),
+        }
+        for name, ids in named.items():
+            bad = next((i for i in ids if i >= self._vocab_size), None)
+            if bad is not None:
+                raise ContractError(
+                    f"token id {bad} is out of the vocabulary (size {self._vocab_size})",
+                    param=f"body.{name}",
+                )
 
     def _max_tokens(
         self, n_prompt: int, explicit: int | None, prompt_param: str, max_param: str
@@ -321,7 +409,10 @@ class PromptRenderer:
     ) -> tuple[str, list[int] | None, int, bool, list[Tool] | None]:
         kwargs = dict(body.chat_template_kwargs or {})
         tools = body.tools if body.tools and body.tool_choice != "none" else None
-        thinking = kwargs.get("enable_thinking", True) is not False
+        said = body.thinking()
+        thinking = said is not False
+        if said is not None and self._template_thinks:
+            kwargs["enable_thinking"] = said  # reasoning_effort, mapped (openai_fields)
         if self.tokenizer is None:
             # No template (echo engine): the "model" may think unless the request said not to,
             # so `<think>` blocks a test sends come back as reasoning_content.
@@ -337,7 +428,9 @@ class PromptRenderer:
             text = self.tokenizer.apply_chat_template(
                 messages_to_template(body.messages),
                 tools=[tool.model_dump(exclude_none=True) for tool in tools] if tools else None,
-                add_generation_prompt=True,
+                documents=body.documents,
+                add_generation_prompt=body.add_generation_prompt is not False,
+                continue_final_message=bool(body.continue_final_message),
                 tokenize=False,
                 **kwargs,
             )
@@ -349,15 +442,18 @@ class PromptRenderer:
             ) from None
         if not isinstance(text, str):  # pragma: no cover - tokenize=False always gives str
             raise TypeError("apply_chat_template(tokenize=False) did not return text")
-        token_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        special = bool(body.add_special_tokens)
+        token_ids = list(self.tokenizer.encode(text, add_special_tokens=special))
         return text, token_ids, len(token_ids), thinking and self._template_thinks, tools
 
     def _render_completion(self, body: CompletionBody) -> tuple[str, list[int] | None, int]:
-        prompt = body.prompt
+        prompt = body.prompt_value()
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 return prompt, None, len(prompt.split())
-            ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            # vLLM's completions default: special tokens on (Qwen3 has no BOS: no change).
+            special = body.add_special_tokens is not False
+            ids = list(self.tokenizer(prompt, add_special_tokens=special)["input_ids"])
             return prompt, ids, len(ids)
         ids = list(prompt)
         if self.tokenizer is None:
@@ -370,6 +466,15 @@ class PromptRenderer:
                     param="body.prompt",
                 )
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids, len(ids)
+
+
+_MEDIA_MODALITY = {"image_url": "image", "input_audio": "audio", "file": "file"}
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of a single-token string, or None when the vocabulary has no such token."""
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    return int(ids[0]) if len(ids) == 1 else None
 
 
 def _echo_text(body: ChatCompletionBody) -> str:

@@ -29,7 +29,9 @@ def submitted_ms(envelope: RequestEnvelope | None) -> int | None:
     return int(envelope.submitted_at.timestamp() * 1000)
 
 
-def finished_result(item: Finished, *, model: str, worker: WorkerInfo) -> ResultEnvelope:
+def finished_result(
+    item: Finished, *, model: str, worker: WorkerInfo, fingerprint: str | None = None
+) -> ResultEnvelope:
     """The result of a request the engine ran (succeeded, or failed in the engine)."""
     run, output = item.running, item.output
     env = run.inbound.envelope
@@ -51,7 +53,13 @@ def finished_result(item: Finished, *, model: str, worker: WorkerInfo) -> Result
     try:
         ids = turn_call_ids(env.request_id, turn_of(env)) if env.tool_loop is not None else None
         response, tool_errors = build_response(
-            env, run.rendered, output, model=model, created=item.finished_ms // 1000, id_factory=ids
+            env,
+            run.rendered,
+            output,
+            model=model,
+            created=item.finished_ms // 1000,
+            id_factory=ids,
+            fingerprint=fingerprint,
         )
     except Exception as exc:  # a parser defect must cost one request, not the writer
         return ResultEnvelope.failure(

@@ -115,6 +115,7 @@ class Worker:
             drain_timeout_s=settings.drain_timeout_s,
             health=self.health,
             turn_max_bytes=settings.tool_calls_max_record_bytes,
+            fingerprint=lambda: self.engine.fingerprint,
         )
         self._threads: list[threading.Thread] = []
         self.on_stop: Callable[[], None] = lambda: None

@@ -229,8 +229,12 @@ def parse_output(
     tools: list[Tool] | None,
     reasoning_enabled: bool,
     id_factory: IdFactory | None = None,
+    single_call: bool = False,
 ) -> ParsedOutput:
-    """Split reasoning, extract and validate tool calls. Never raises (see module docstring)."""
+    """Split reasoning, extract and validate tool calls. Never raises (see module docstring).
+
+    `single_call` (`parallel_tool_calls: false`): valid calls after the first are reported
+    as errors saying so, not run and not dropped."""
     make_id = id_factory or new_call_id
     try:
         reasoning, rest = split_reasoning(text, reasoning_enabled=reasoning_enabled)
@@ -256,6 +260,8 @@ def parse_output(
             continue
         try:
             name, arguments, reason = _parse_block(inner, validators)
+            if reason is None and single_call and calls:
+                reason = "not run: parallel_tool_calls is false and only the first call is kept"
             if reason is None and name is not None and arguments is not None:
                 calls.append(
                     ToolCall(

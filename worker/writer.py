@@ -53,8 +53,10 @@ class Writer:
         drain_timeout_s: float,
         health: SinkHealth,
         turn_max_bytes: int = 1_000_000,
+        fingerprint: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._turn_max_bytes = turn_max_bytes
+        self._fingerprint = fingerprint
         self.sinks = list(sinks)
         self.store = next((s for s in self.sinks if s.dedupes), None)
         self.others = [s for s in self.sinks if not s.dedupes]
@@ -121,11 +123,13 @@ class Writer:
             return item
         inbound = item.running.inbound
         env = inbound.envelope
-        result = finished_result(item, model=self._model(), worker=self._worker_info())
+        result = finished_result(
+            item, model=self._model(), worker=self._worker_info(), fingerprint=self._fingerprint()
+        )
         output = item.output
         if output.finish != "error":
             metrics.PROMPT_TOKENS.inc(output.prompt_tokens)
-            metrics.COMPLETION_TOKENS.inc(output.completion_tokens)
+            metrics.COMPLETION_TOKENS.inc(output.total_completion_tokens)
         reply = Reply(
             inbound.tp,
             inbound.offset,
@@ -330,7 +334,7 @@ class Writer:
 
 def _observe(result: ResultEnvelope, now_ms: int, lane: str) -> None:
     code = result.error.code.value if result.error else ""
-    metrics.REQUESTS.labels(result.status.value, code).inc()
+    metrics.labelled(metrics.REQUESTS, result.status.value, code).inc()
     t = result.timings
     if t.queue_ms is not None:
         metrics.QUEUE_LATENCY.observe(t.queue_ms / 1000)
@@ -339,7 +343,7 @@ def _observe(result: ResultEnvelope, now_ms: int, lane: str) -> None:
     if t.submitted is not None:
         e2e = max(0, now_ms - t.submitted) / 1000
         metrics.E2E_LATENCY.observe(e2e)
-        metrics.LANE_LATENCY.labels(lane).observe(e2e)
+        metrics.labelled(metrics.LANE_LATENCY, lane).observe(e2e)
 
 
 def _epoch_ms() -> int:

@@ -10,9 +10,9 @@ import pytest
 from schemas.request import RequestEnvelope
 from schemas.result import ChatCompletion, Completion
 from worker.engines.base import EngineFinish, EngineOutput
-from worker.outputs import build_chat_completion, build_completion, build_response
+from worker.outputs import build_response
 from worker.rendering import PromptRenderer
-from worker.toolcalls import ParsedOutput, parse_output, seeded_id_factory
+from worker.toolcalls import seeded_id_factory
 
 TOOL = {
     "type": "function",
@@ -39,6 +39,13 @@ def completion(**body: Any) -> RequestEnvelope:
     )
 
 
+ECHO = PromptRenderer(None, max_model_len=4096, served_names={"qwen3", "m"})
+
+
+def respond(env: RequestEnvelope, output: EngineOutput, **kw: Any) -> Any:
+    return build_response(env, ECHO.render(env), output, model="qwen3", created=123, **kw)
+
+
 @pytest.mark.parametrize(
     ("finish", "calls", "expected"),
     [
@@ -51,29 +58,32 @@ def completion(**body: Any) -> RequestEnvelope:
 )
 def test_chat_finish_reasons(finish: EngineFinish, calls: bool, expected: str) -> None:
     text = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>' if calls else "hi"
-    tools = [
-        RequestEnvelope.model_validate(
-            {
-                "request_id": "t",
-                "body": {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL]},
-            }
-        ).body.tools[0]
-    ]  # type: ignore[union-attr]
-    parsed = parse_output(text, tools=tools, reasoning_enabled=False)
-    resp = build_chat_completion("r-1", out(text, finish), parsed, "qwen3", 123)
+    resp, _ = respond(chat(tools=[TOOL]), out(text, finish))
     assert resp.choices[0].finish_reason == expected
     assert (resp.choices[0].message.tool_calls is not None) is calls
 
 
 def test_chat_ids_usage_and_message() -> None:
-    parsed = ParsedOutput(content="4", reasoning_content="2+2")
-    resp = build_chat_completion("r-9", out("x", p=10, c=5), parsed, "qwen3", 1_700_000_000)
+    env = RequestEnvelope.model_validate(
+        {"request_id": "r-9", "body": {"messages": [{"role": "user", "content": "x"}]}}
+    )
+    resp, _ = build_response(
+        env,
+        ECHO.render(env),
+        out("<think>2+2</think>4", p=10, c=5),
+        model="qwen3",
+        created=1_700_000_000,
+        fingerprint="fp_x",
+    )
     assert resp.id == "chatcmpl-r-9" and resp.object == "chat.completion"
     assert resp.model == "qwen3" and resp.created == 1_700_000_000
+    assert resp.system_fingerprint == "fp_x"
     assert resp.usage.model_dump() == {
         "prompt_tokens": 10,
         "completion_tokens": 5,
         "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 1},
     }
     msg = resp.choices[0].message
     assert (msg.role, msg.content, msg.reasoning_content, msg.tool_calls) == (
@@ -86,7 +96,7 @@ def test_chat_ids_usage_and_message() -> None:
 
 
 def test_completion() -> None:
-    resp = build_completion("r-2", out(" world", "length", p=1, c=16), "qwen3", 5)
+    resp, _ = respond(completion(), out(" world", "length", p=1, c=16))
     assert resp.id == "cmpl-r-2" and resp.object == "text_completion"
     assert resp.choices[0].text == " world" and resp.choices[0].finish_reason == "length"
     assert resp.usage.total_tokens == 17
@@ -97,7 +107,7 @@ def test_error_output_has_no_response() -> None:
         key="r-1", text="", prompt_tokens=0, completion_tokens=0, finish="error", error="boom"
     )
     with pytest.raises(ValueError, match="boom"):
-        build_completion("r-1", failed, "m", 0)
+        respond(completion(), failed)
 
 
 def test_build_response_chat_parses_tools_and_reasoning(qwen3_tokenizer: Any) -> None:

@@ -268,3 +268,95 @@ def test_a_tool_loop_continuation_runs_through_the_real_template(engine: Any) ->
     assert final.tool_loop.turns == 2 and final.tool_loop.transcript[0].calls == [record]
     assert final.response is not None
     assert final.response.usage.prompt_tokens == 20 + output.prompt_tokens
+
+
+# ---------------------------------------------------------------- OpenAI parameters (issue 16)
+
+
+def test_n_choices_and_logprobs_from_the_raw_logits(engine: Any) -> None:
+    """n rows per request; each token's logprob is the log-softmax of the model's own
+    logits at that step, so greedy choices carry the top-1 alternative as their token."""
+    (out,) = run(engine, [greedy("n3", "Count: one two", 6, n=3, logprobs=4)]).values()
+    samples = out.samples()
+    assert len(samples) == 3 and out.finish != "error"
+    assert len({s.text for s in samples}) == 1  # greedy: three identical choices
+    for sample in samples:
+        assert sample.logprobs is not None and sample.token_ids is not None
+        assert len(sample.logprobs) == sample.completion_tokens == len(sample.token_ids)
+        for item, token_id in zip(sample.logprobs, sample.token_ids, strict=True):
+            assert item.token_id == token_id and len(item.top) == 4
+            assert item.top[0][0] == token_id  # greedy picked the likeliest token
+            assert abs(item.top[0][2] - item.logprob) < 1e-5
+            assert [t[2] for t in item.top] == sorted((t[2] for t in item.top), reverse=True)
+            assert item.logprob <= 0.0
+    assert out.total_completion_tokens == sum(s.completion_tokens for s in samples)
+
+
+def test_logit_bias_and_allowed_token_ids_steer_greedy_decoding(engine: Any) -> None:
+    tok = engine.tokenizer
+    target = tok.encode(" banana", add_special_tokens=False)[0]
+    outs = run(
+        engine,
+        [
+            greedy("bias", "Hello", 4, logit_bias=((target, 100.0),), ignore_eos=True),
+            greedy("allowed", "Hello", 4, allowed_token_ids=(target,), ignore_eos=True),
+        ],
+    )
+    for key in ("bias", "allowed"):
+        assert outs[key].token_ids == [target] * 4, key
+
+
+def test_stop_token_ids_and_bad_words(engine: Any) -> None:
+    tok = engine.tokenizer
+    free = run(engine, [greedy("free", "Hello there", 8, ignore_eos=True)])["free"]
+    assert free.token_ids is not None and len(free.token_ids) == 8
+    stop_at = free.token_ids[2]
+    cut = run(engine, [greedy("cut", "Hello there", 8, ignore_eos=True, stop_token_ids=(stop_at,))])
+    first = free.token_ids.index(stop_at)
+    assert cut["cut"].token_ids == free.token_ids[: first + 1] and cut["cut"].finish == "stop"
+    word = tok.decode([free.token_ids[0]]).strip()
+    if word:  # a banned first token must not be generated first
+        banned = run(engine, [greedy("bad", "Hello there", 3, ignore_eos=True, bad_words=(word,))])
+        assert banned["bad"].token_ids is not None
+        assert banned["bad"].token_ids[0] not in {
+            ids[0] for ids in (tok.encode(v, add_special_tokens=False) for v in (word, " " + word))
+        }
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(engine: Any) -> None:
+    free = run(engine, [greedy("f", "Once upon", 10, ignore_eos=True)])["f"]
+    stop = free.text[3:6]
+    assert stop.strip(), "the noise text is long enough to cut"
+    outs = run(
+        engine,
+        [
+            greedy("drop", "Once upon", 10, ignore_eos=True, stop=(stop,)),
+            greedy(
+                "keep",
+                "Once upon",
+                10,
+                ignore_eos=True,
+                stop=(stop,),
+                include_stop_str_in_output=True,
+            ),
+        ],
+    )
+    at = free.text.find(stop)
+    assert outs["drop"].text == free.text[:at]
+    assert outs["keep"].text == free.text[: at + len(stop)]
+
+
+def test_min_p_and_repetition_penalty_run_and_change_only_their_group(engine: Any) -> None:
+    plain = greedy("plain", "a a a a", 6, ignore_eos=True)
+    penalised = greedy("rep", "a a a a", 6, ignore_eos=True, repetition_penalty=2.0)
+    sampled = EngineRequest(
+        key="minp",
+        prompt="a a a a",
+        prompt_token_ids=None,
+        sampling=SamplingSpec(max_tokens=6, temperature=1.0, min_p=0.999, seed=1, ignore_eos=True),
+    )
+    outs = run(engine, [plain, penalised, sampled])
+    assert all(o.finish != "error" for o in outs.values())
+    # min_p near 1 keeps only the likeliest token: sampling becomes greedy.
+    assert outs["minp"].token_ids == outs["plain"].token_ids
+    assert outs["rep"].token_ids != outs["plain"].token_ids

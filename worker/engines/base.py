@@ -9,15 +9,22 @@ is easy to swap (vLLM on GPUs, transformers on a laptop, echo in tests).
 from __future__ import annotations
 
 import abc
+import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from worker.config import WorkerSettings
 
 EngineFinish = Literal["stop", "length", "abort", "error"]
+
+try:
+    _QBATCH_VERSION = metadata.version("qbatch")
+except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    _QBATCH_VERSION = "0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +43,18 @@ class SamplingSpec:
     min_tokens: int = 0
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
+    choice: tuple[str, ...] | None = None
+    """The output is exactly one of these strings (vLLM structured outputs)."""
+    n: int = 1
+    logprobs: int | None = None
+    """Report each output token's log-probability and this many alternatives (0: none)."""
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -46,10 +65,37 @@ class EngineRequest:
     prompt_token_ids: list[int] | None
     sampling: SamplingSpec
     priority: int = 0
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability, with the likeliest alternatives (best first).
+    `token` is the token's text; raw model log-probabilities, as vLLM reports them."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()
+
+
+@dataclass(slots=True)
+class EngineSample:
+    """One of the `n` choices of a request."""
+
+    text: str
+    completion_tokens: int
+    finish: EngineFinish
+    token_ids: list[int] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
 class EngineOutput:
+    """A finished request. The fields after `error` are optional: an engine that cannot
+    tell leaves them unset. With `n` > 1 the first choice is the output's own fields and
+    the others are in `others`, so the common single-choice case allocates nothing more."""
+
     key: str
     text: str
     prompt_tokens: int
@@ -57,6 +103,44 @@ class EngineOutput:
     finish: EngineFinish
     error: str | None = None
     """Set with finish="error": the engine could not run this request."""
+    token_ids: list[int] | None = None
+    logprobs: list[TokenLogprob] | None = None
+    cached_tokens: int | None = None
+    """Prompt tokens served from the prefix cache (vLLM's count)."""
+    others: list[EngineSample] = field(default_factory=list)
+
+    @property
+    def total_completion_tokens(self) -> int:
+        if not self.others:
+            return self.completion_tokens
+        return self.completion_tokens + sum(s.completion_tokens for s in self.others)
+
+    def samples(self) -> list[EngineSample]:
+        first = EngineSample(
+            self.text, self.completion_tokens, self.finish, self.token_ids, self.logprobs
+        )
+        return [first, *self.others]
+
+    @classmethod
+    def of_samples(
+        cls,
+        key: str,
+        samples: Sequence[EngineSample],
+        prompt_tokens: int,
+        cached_tokens: int | None = None,
+    ) -> EngineOutput:
+        first, *others = samples
+        return cls(
+            key=key,
+            text=first.text,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=first.completion_tokens,
+            finish=first.finish,
+            token_ids=first.token_ids,
+            logprobs=first.logprobs,
+            cached_tokens=cached_tokens,
+            others=list(others),
+        )
 
 
 @dataclass(slots=True)
@@ -91,6 +175,7 @@ class Engine(abc.ABC):
     _generation_defaults: dict[str, Any] | None = None
     _start_lock = threading.Lock()
     _started: bool = False
+    _fingerprint: str | None = None
 
     @classmethod
     @abc.abstractmethod
@@ -117,6 +202,31 @@ class Engine(abc.ABC):
         """Sampling defaults of the model (its generation_config.json), applied by the
         renderer to fields a request leaves unset, as vLLM's `generation_config="auto"`."""
         return self._generation_defaults
+
+    @property
+    def fingerprint(self) -> str:
+        """OpenAI's `system_fingerprint`: changes when what answers changes (qbatch version,
+        engine, mode, served model, context, and the engine's own settings), so a caller
+        can tell two results apart that came from different backends. Kept once the
+        engine has started (what it hashes is settled then; every result asks)."""
+        if self._fingerprint is not None:
+            return self._fingerprint
+        parts = [
+            _QBATCH_VERSION,
+            self.name,
+            self.mode,
+            self.model_name,
+            str(self.max_model_len),
+            *self._fingerprint_parts(),
+        ]
+        value = "fp_" + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
+        if self._started:
+            self._fingerprint = value
+        return value
+
+    def _fingerprint_parts(self) -> list[str]:
+        """Engine settings that change answers (vLLM: parallelism, dtype, quantization)."""
+        return []
 
     def start(self) -> None:
         """Load weights, start background loops: once, whoever calls it first."""

@@ -18,9 +18,17 @@ import itertools
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from worker.engines.base import Engine, EngineOutput, EngineRequest, EngineStats, OnDone
+from worker.engines.base import (
+    Engine,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    OnDone,
+    TokenLogprob,
+)
 
 if TYPE_CHECKING:
     from worker.config import WorkerSettings
@@ -29,10 +37,36 @@ if TYPE_CHECKING:
 def echo_output(request: EngineRequest) -> EngineOutput:
     words = request.prompt.split()
     prompt_tokens = len(request.prompt_token_ids or ()) or len(words)
-    if len(words) > request.sampling.max_tokens:
-        text = " ".join(words[: request.sampling.max_tokens])
-        return EngineOutput(request.key, text, prompt_tokens, request.sampling.max_tokens, "length")
-    return EngineOutput(request.key, request.prompt, prompt_tokens, len(words), "stop")
+    spec = request.sampling
+    if len(words) > spec.max_tokens:
+        words = words[: spec.max_tokens]
+        output = EngineOutput(request.key, " ".join(words), prompt_tokens, len(words), "length")
+    else:
+        output = EngineOutput(request.key, request.prompt, prompt_tokens, len(words), "stop")
+    if spec.logprobs is None and spec.n == 1:
+        return output  # the common case: nothing more to build
+    if spec.logprobs is not None:
+        output.logprobs = echo_logprobs(words, spec.logprobs)
+    if spec.n > 1:
+        sample = output.samples()[0]
+        output.others = [replace(sample) for _ in range(spec.n - 1)]
+    return output
+
+
+def echo_logprobs(words: list[str], k: int) -> list[TokenLogprob]:
+    """Deterministic log-probabilities for the echo "model": word i (its tokens are words,
+    ids their positions) has logprob -(i % 4) / 4, alternatives `word~1`..`word~k` each one
+    lower, so tests can check the OpenAI shapes exactly."""
+    out = []
+    for i, word in enumerate(words):
+        token = word if i == 0 else " " + word
+        logprob = -(i % 4) / 4
+        top = tuple(
+            (i, token, logprob) if j == 0 else (10_000 * j + i, f"{token}~{j}", logprob - j)
+            for j in range(k)
+        )
+        out.append(TokenLogprob(token_id=i, token=token, logprob=logprob, top=top))
+    return out
 
 
 class EchoEngine(Engine):

@@ -16,8 +16,16 @@ Sampling notes:
 * `seed`: `torch.manual_seed(seed)` before the group's `generate`. Only the group's own
   requests share that stream, so a seeded request is reproducible given the same batch-mates.
 * presence/frequency penalties: OpenAI semantics over the generated tokens.
-* `json_schema`/`json_object` are NOT enforced (no guided decoding in transformers); the
-  request runs unconstrained. Use vLLM for structured outputs.
+* `json_schema`/`json_object`/`choice` (`response_format`, `structured_outputs`) are NOT
+  enforced (no guided decoding in transformers); the request runs unconstrained. Use vLLM
+  for structured outputs.
+* `n`: each request is `n` rows of its group's `generate`, so its choices are independent
+  samples (identical under greedy decoding).
+* `logprobs`: log-softmax of the raw logits (`output_logits`), before temperature,
+  penalties and `logit_bias`, as vLLM's default; the top k alternatives from the same row.
+* `min_p`, `repetition_penalty`, `logit_bias`, `allowed_token_ids`, `bad_words`,
+  `stop_token_ids`, `include_stop_str_in_output`: transformers' own logits processors and
+  stopping, or `worker.engines.hf_processors` where it has none.
 
 Output text is decoded with `skip_special_tokens=False` so `<tool_call>`/`<think>` survive; the
 EOS token itself is not part of the text but counts as a completion token (as in vLLM).
@@ -39,10 +47,13 @@ from worker.engines.base import (
     Engine,
     EngineOutput,
     EngineRequest,
+    EngineSample,
     EngineStats,
     OnDone,
     SamplingSpec,
+    TokenLogprob,
 )
+from worker.engines.hf_processors import BiasAndMask, OpenAIPenalties, PerRowMaxTokens
 
 if TYPE_CHECKING:
     from worker.config import WorkerSettings
@@ -67,6 +78,13 @@ def _group_key(spec: SamplingSpec) -> _GroupKey:
         spec.presence_penalty or 0.0,
         spec.frequency_penalty or 0.0,
         spec.ignore_eos,
+        spec.min_p or 0.0,
+        spec.repetition_penalty or 1.0,
+        spec.logit_bias,
+        spec.allowed_token_ids,
+        spec.bad_words,
+        spec.stop_token_ids,
+        spec.logprobs is not None,
     )
 
 
@@ -251,6 +269,19 @@ class TransformersEngine(Engine):
             for output in outputs:
                 _deliver(on_done, output)
 
+    def _generate(
+        self, key: _GroupKey, members: list[tuple[EngineRequest, list[int]]]
+    ) -> list[EngineOutput]:
+        """One `generate` over the group, each request as `n` rows; rows -> choices."""
+        rows = [member for member in members for _ in range(member[0].sampling.n)]
+        samples = self._generate_rows(key, rows)
+        outputs, at = [], 0
+        for request, ids in members:
+            mine = samples[at : at + request.sampling.n]
+            at += request.sampling.n
+            outputs.append(EngineOutput.of_samples(request.key, mine, prompt_tokens=len(ids)))
+        return outputs
+
     def _prompt_ids(self, request: EngineRequest) -> list[int]:
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
@@ -269,9 +300,9 @@ class TransformersEngine(Engine):
             )
         return None
 
-    def _generate(
+    def _generate_rows(
         self, key: _GroupKey, members: list[tuple[EngineRequest, list[int]]]
-    ) -> list[EngineOutput]:
+    ) -> list[EngineSample]:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
@@ -284,24 +315,36 @@ class TransformersEngine(Engine):
             attention[row, width - len(ids) :] = 1
         limits = [req.sampling.max_tokens for req, _ in members]
         greedy = key[0] == "greedy"
+        stops = sorted(
+            set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(self._eos_ids))
+        )
         config = GenerationConfig(
             max_new_tokens=max(limits),
             do_sample=not greedy,
             pad_token_id=self._pad_id,
-            eos_token_id=None if spec.ignore_eos else (self._eos_ids or None),
+            eos_token_id=stops or None,
         )
+        if spec.repetition_penalty and spec.repetition_penalty != 1.0:
+            config.repetition_penalty = float(spec.repetition_penalty)
+        if spec.bad_words:
+            config.bad_words_ids = self._bad_words_ids(spec.bad_words)
         if not greedy:
             _, temperature, top_p, top_k, seed = key[:5]
             config.temperature = float(temperature)
             config.top_p = float(top_p)
             config.top_k = int(top_k)
+            if spec.min_p:
+                config.min_p = float(spec.min_p)
             if seed is not None:
                 torch.manual_seed(int(seed))
         processors = LogitsProcessorList()
+        if spec.logit_bias or spec.allowed_token_ids is not None:
+            processors.append(BiasAndMask(spec.logit_bias, spec.allowed_token_ids))
         presence, frequency = spec.presence_penalty or 0.0, spec.frequency_penalty or 0.0
         if presence or frequency:
-            processors.append(_OpenAIPenalties(width, presence, frequency))
-        criteria = StoppingCriteriaList([_PerRowMaxTokens(width, limits)])
+            processors.append(OpenAIPenalties(width, presence, frequency))
+        criteria = StoppingCriteriaList([PerRowMaxTokens(width, limits)])
+        wants_logprobs = spec.logprobs is not None
         with torch.inference_mode():
             out = self._model.generate(
                 input_ids=input_ids.to(self.device),
@@ -309,47 +352,96 @@ class TransformersEngine(Engine):
                 generation_config=config,
                 logits_processor=processors,
                 stopping_criteria=criteria,
+                output_logits=wants_logprobs,
+                return_dict_in_generate=True,
             )
-        generated = out[:, width:].tolist()
-        return [self._finish(req, ids, generated[row]) for row, (req, ids) in enumerate(members)]
+        generated = out.sequences[:, width:].tolist()
+        raw = None
+        if wants_logprobs:
+            # Raw logits, before temperature, penalties and bias: vLLM's default logprobs.
+            raw = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)
+        samples = []
+        for row, (req, _) in enumerate(members):
+            tokens = generated[row]
+            logprobs = None
+            if raw is not None and req.sampling.logprobs is not None:
+                logprobs = self._logprobs(raw[row], tokens, req.sampling.logprobs)
+            samples.append(self._finish(req, tokens, logprobs))
+        return samples
 
-    def _finish(self, request: EngineRequest, ids: list[int], tokens: list[int]) -> EngineOutput:
+    def _logprobs(self, scores: Any, tokens: list[int], k: int) -> list[TokenLogprob]:
+        import torch
+
+        steps = min(len(tokens), scores.shape[0])
+        chosen = scores[torch.arange(steps), torch.tensor(tokens[:steps])].tolist()
+        top_values, top_ids = torch.topk(scores[:steps], k, dim=-1) if k else (None, None)
+        out = []
+        for step in range(steps):
+            top: tuple[tuple[int, str, float], ...] = ()
+            if top_ids is not None and top_values is not None:
+                top = tuple(
+                    (int(tid), self._decode([int(tid)]), float(value))
+                    for tid, value in zip(
+                        top_ids[step].tolist(), top_values[step].tolist(), strict=True
+                    )
+                )
+            token_id = tokens[step]
+            out.append(TokenLogprob(token_id, self._decode([token_id]), float(chosen[step]), top))
+        return out
+
+    def _bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
+        """Each word with and without a leading space, as vLLM bans them."""
+        ids: list[list[int]] = []
+        for word in words:
+            for variant in (word, " " + word.lstrip()):
+                encoded = list(self._tokenizer.encode(variant, add_special_tokens=False))
+                if encoded and encoded not in ids:
+                    ids.append(encoded)
+        return ids
+
+    def _finish(
+        self, request: EngineRequest, tokens: list[int], logprobs: list[TokenLogprob] | None
+    ) -> EngineSample:
         spec = request.sampling
         tokens = tokens[: spec.max_tokens]
         finish = "length" if len(tokens) >= spec.max_tokens else "stop"
-        if not spec.ignore_eos:
-            eos = set(self._eos_ids)
-            cut = next((i for i, t in enumerate(tokens) if t in eos), None)
-            if cut is not None:
-                text = self._decode(tokens[:cut])
-                tokens, finish = tokens[: cut + 1], "stop"
-                return self._with_stops(request, ids, tokens, text, finish, eos_cut=True)
-        return self._with_stops(request, ids, tokens, self._decode(tokens), finish, eos_cut=False)
+        stops = set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(self._eos_ids))
+        cut = next((i for i, t in enumerate(tokens) if t in stops), None)
+        if cut is not None:
+            text = self._decode(tokens[:cut])
+            tokens, finish = tokens[: cut + 1], "stop"
+            return self._with_stops(request, tokens, text, finish, logprobs, eos_cut=True)
+        return self._with_stops(
+            request, tokens, self._decode(tokens), finish, logprobs, eos_cut=False
+        )
 
     def _with_stops(
         self,
         request: EngineRequest,
-        ids: list[int],
         tokens: list[int],
         text: str,
         finish: str,
+        logprobs: list[TokenLogprob] | None,
         *,
         eos_cut: bool,
-    ) -> EngineOutput:
+    ) -> EngineSample:
         hits = [(text.find(s), s) for s in request.sampling.stop if s and s in text]
         completion = len(tokens)
         if hits:
             at, stop = min(hits)
-            text = text[:at]
+            text = (
+                text[: at + len(stop)] if request.sampling.include_stop_str_in_output else text[:at]
+            )
             finish = "stop"
             body = tokens[:-1] if eos_cut else tokens
             completion = self._tokens_until(body, stop)
-        return EngineOutput(
-            key=request.key,
+        tokens = tokens[:completion]
+        return EngineSample(
             text=text,
-            prompt_tokens=len(ids),
             completion_tokens=completion,
             finish="length" if finish == "length" else "stop",
+            token_ids=tokens,
+            logprobs=logprobs[:completion] if logprobs is not None else None,
         )
 
     def _decode(self, tokens: list[int]) -> str:
@@ -365,39 +457,6 @@ class TransformersEngine(Engine):
             else:
                 lo = mid + 1
         return hi
-
-
-class _PerRowMaxTokens:
-    """Retires each row at its own max_tokens, so the batch stops when every row is done."""
-
-    def __init__(self, prompt_width: int, limits: list[int]) -> None:
-        import torch
-
-        self.prompt_width = prompt_width
-        self.limits = torch.tensor(limits, dtype=torch.long)
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        generated = input_ids.shape[1] - self.prompt_width
-        return (generated >= self.limits).to(input_ids.device)
-
-
-class _OpenAIPenalties:
-    """OpenAI presence/frequency penalties over the tokens generated so far."""
-
-    def __init__(self, prompt_width: int, presence: float, frequency: float) -> None:
-        self.prompt_width = prompt_width
-        self.presence = presence
-        self.frequency = frequency
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        generated = input_ids[:, self.prompt_width :]
-        if generated.shape[1] == 0:
-            return scores
-        counts = torch.zeros_like(scores)
-        counts.scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
-        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
 
 def _as_ids(value: Any) -> list[int]:

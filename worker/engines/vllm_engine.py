@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,11 @@ from worker.engines.base import (
     EngineFinish,
     EngineOutput,
     EngineRequest,
+    EngineSample,
     EngineStats,
     OnDone,
     SamplingSpec,
+    TokenLogprob,
 )
 from worker.logs import log
 
@@ -98,15 +100,48 @@ def sampling_params(spec: SamplingSpec) -> Any:
         "stop": list(spec.stop) or None,
         "seed": spec.seed,
     }
-    for name in ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty"):
+    optional = (
+        "temperature",
+        "top_p",
+        "top_k",
+        "presence_penalty",
+        "frequency_penalty",
+        "min_p",
+        "repetition_penalty",
+        "logprobs",
+    )
+    for name in optional:
         value = getattr(spec, name)
         if value is not None:
             kwargs[name] = value
+    if spec.n > 1:
+        kwargs["n"] = spec.n
+    if spec.logit_bias:
+        kwargs["logit_bias"] = dict(spec.logit_bias)
+    if spec.stop_token_ids:
+        kwargs["stop_token_ids"] = list(spec.stop_token_ids)
+    if spec.include_stop_str_in_output:
+        kwargs["include_stop_str_in_output"] = True
+    if spec.allowed_token_ids is not None:
+        kwargs["allowed_token_ids"] = list(spec.allowed_token_ids)
+    if spec.bad_words:
+        kwargs["bad_words"] = list(spec.bad_words)
     if spec.json_schema is not None:
         kwargs["structured_outputs"] = StructuredOutputsParams(json=spec.json_schema)
     elif spec.json_object:
         kwargs["structured_outputs"] = StructuredOutputsParams(json_object=True)
+    elif spec.choice is not None:
+        kwargs["structured_outputs"] = StructuredOutputsParams(choice=list(spec.choice))
     return SamplingParams(**kwargs)
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -135,21 +170,68 @@ def _finish(reason: str | None) -> EngineFinish:
     return "stop"
 
 
-def _to_output(key: str, result: Any) -> EngineOutput:
-    completion = result.outputs[0]
-    return EngineOutput(
-        key=key,
-        text=completion.text,
+def token_logprobs(
+    token_ids: Sequence[int], positions: Any, k: int, decode: Callable[[int], str]
+) -> list[TokenLogprob]:
+    """vLLM's per-position `{token_id: Logprob}` (the sampled token plus the top k, in any
+    order; `FlatLogprobs` reads the same) -> `TokenLogprob`s, alternatives best first.
+    `decode` names a token whose `decoded_token` vLLM left empty."""
+    out: list[TokenLogprob] = []
+    for token_id, position in zip(token_ids, positions, strict=False):
+        entries = position or {}
+
+        def text(tid: int, entry: Any) -> str:
+            decoded = getattr(entry, "decoded_token", None)
+            return decoded if decoded is not None else decode(tid)
+
+        chosen = entries.get(token_id)
+        ranked = sorted(entries.items(), key=lambda item: -item[1].logprob)[:k]
+        out.append(
+            TokenLogprob(
+                token_id=int(token_id),
+                token=text(token_id, chosen),
+                logprob=float(chosen.logprob) if chosen is not None else float("-inf"),
+                top=tuple((int(tid), text(tid, e), float(e.logprob)) for tid, e in ranked),
+            )
+        )
+    return out
+
+
+def _to_output(
+    key: str, result: Any, k: int | None = None, decode: Callable[[int], str] = str
+) -> EngineOutput:
+    samples = []
+    for completion in sorted(result.outputs, key=lambda c: c.index):
+        ids = list(completion.token_ids)
+        logprobs = None
+        if k is not None and completion.logprobs is not None:
+            logprobs = token_logprobs(ids, completion.logprobs, k, decode)
+        samples.append(
+            EngineSample(
+                text=completion.text,
+                completion_tokens=len(ids),
+                finish=_finish(completion.finish_reason),
+                token_ids=ids,
+                logprobs=logprobs,
+            )
+        )
+    return EngineOutput.of_samples(
+        key,
+        samples,
         prompt_tokens=len(result.prompt_token_ids or ()),
-        completion_tokens=len(completion.token_ids),
-        finish=_finish(completion.finish_reason),
+        cached_tokens=getattr(result, "num_cached_tokens", None),
     )
 
 
 def _prompt(request: EngineRequest) -> Any:
+    prompt: dict[str, Any]
     if request.prompt_token_ids is not None:
-        return {"prompt_token_ids": request.prompt_token_ids}
-    return request.prompt
+        prompt = {"prompt_token_ids": request.prompt_token_ids}
+    else:
+        prompt = {"prompt": request.prompt}
+    if request.cache_salt is not None:
+        prompt["cache_salt"] = request.cache_salt
+    return prompt
 
 
 class _StatsLogger:
@@ -190,6 +272,18 @@ class VllmEngine(Engine):
         self._thread: threading.Thread | None = None
         self._static_q: queue.Queue[tuple[Sequence[EngineRequest], OnDone] | None] = queue.Queue()
         self._inflight: set[asyncio.Task[None]] = set()
+
+    def _fingerprint_parts(self) -> list[str]:
+        names = (
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "dtype",
+            "quantization",
+            "kv_cache_dtype",
+            "load_format",
+            "seed",
+        )
+        return [f"vllm={_vllm_version()}"] + [f"{name}={self._kwargs.get(name)}" for name in names]
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings) -> VllmEngine:
@@ -264,7 +358,7 @@ class VllmEngine(Engine):
                     on_done(EngineOutput(request.key, "", 0, 0, "error", error=str(exc)))
                 continue
             for request, result in zip(batch, results, strict=True):
-                on_done(_to_output(request.key, result))
+                on_done(self._output(request, result))
 
     # ------------------------------------------------------------------ submit
 
@@ -298,10 +392,16 @@ class VllmEngine(Engine):
             on_done(EngineOutput(request.key, "", 0, 0, "error", error="engine returned nothing"))
             return
         try:
-            output = _to_output(request.key, final)
+            output = self._output(request, final)
         except Exception as exc:  # an odd output must still answer its request
             output = EngineOutput(request.key, "", 0, 0, "error", error=describe_error(exc))
         on_done(output)
+
+    def _output(self, request: EngineRequest, result: Any) -> EngineOutput:
+        return _to_output(request.key, result, request.sampling.logprobs, self._decode_one)
+
+    def _decode_one(self, token_id: int) -> str:
+        return str(self._tokenizer.decode([token_id], skip_special_tokens=False))
 
     # ------------------------------------------------------------------ stats / close
 
