@@ -16,6 +16,9 @@ Decisions (see `producer/README.md`):
 * Native envelopes keep their options, but `request_id` is replaced by the derived id
   (the original one becomes `custom_id` when the line has none) and `job_id` is set to
   the job (a line naming another job is an error).
+* A `priority` inside a body (vLLM's batch files put it there) moves to the envelope,
+  where qbatch reads it, unless the line sets the envelope's own (two different values
+  are an error naming `body.priority`).
 """
 
 from __future__ import annotations
@@ -249,6 +252,7 @@ def parse_line(
             data = _native_data(obj, rid, job_id)
         else:
             data = _openai_data(obj, rid, job_id)
+        _lift_priority(data)
         (defaults or NO_DEFAULTS).apply(data)
         envelope = validate_envelope(data)
     except ContractError as exc:
@@ -268,6 +272,25 @@ def _openai_data(obj: dict[str, Any], rid: str, job_id: str) -> dict[str, Any]:
         "job_id": job_id,
         "custom_id": parsed.custom_id,
     }
+
+
+def _lift_priority(data: dict[str, Any]) -> None:
+    """Move a body's `priority` (vLLM's request field) to the envelope's."""
+    body = data.get("body")
+    if not isinstance(body, dict) or "priority" not in body:
+        return
+    body = dict(body)
+    value = body.pop("priority")
+    data["body"] = body
+    if value is None:
+        return
+    own = data.get("priority")
+    if own is not None and own != value:
+        raise ContractError(
+            f"the body's priority {value!r} contradicts the envelope's {own!r}",
+            param="body.priority",
+        )
+    data["priority"] = value
 
 
 def _native_data(obj: dict[str, Any], rid: str, job_id: str) -> dict[str, Any]:

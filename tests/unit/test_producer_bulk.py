@@ -158,6 +158,26 @@ def test_defaults_apply_only_where_unset() -> None:
     assert scan2.lines[0].envelope is not None and scan2.lines[0].envelope.priority == 1
 
 
+def test_a_body_priority_moves_to_the_envelope() -> None:
+    """vLLM's batch files put `priority` in the body; qbatch reads the envelope's."""
+    body = {**CHAT, "priority": -7}
+    defaults = Defaults(priority=5)
+    (line,) = scan_lines([openai_line("a", body)], "j", defaults=defaults).lines
+    assert line.envelope is not None and line.envelope.priority == -7
+    assert "priority" not in line.envelope.body.model_fields_set
+    native = json.dumps({"request_id": "r", "body": body})
+    (line,) = scan_lines([native], "j").lines
+    assert line.envelope is not None and line.envelope.priority == -7
+    agreeing = json.dumps({"request_id": "r", "priority": -7, "body": body})
+    assert scan_lines([agreeing], "j").lines[0].envelope is not None
+    clash = json.dumps({"request_id": "r", "priority": 2, "body": body})
+    (line,) = scan_lines([clash], "j").lines
+    assert line.error is not None and line.error.param == "body.priority"
+    null = {**CHAT, "priority": None}
+    (line,) = scan_lines([openai_line("n", null)], "j", defaults=defaults).lines
+    assert line.envelope is not None and line.envelope.priority == 5
+
+
 def test_attempt_changes_ids_only() -> None:
     (line,) = scan_lines([openai_line("a")], "j", attempt=3).lines
     assert line.request_id == "j.1.r3" and line.custom_id == "a"
