@@ -55,6 +55,14 @@ def _rss_kb(pid: int, field: str) -> int:
     return 0
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used (less noisy than wall time on a
+    machine whose two cores the broker and Redis share)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 SINK_MODES: dict[str, list[str]] = {
     "redis": [],
     "topic": ["--no-redis-sink"],
@@ -133,14 +141,18 @@ def run_once(
     redis_on = mode != "topic"
     peak_rss_sample = 0
     seen_redis = None
+    cpu_first = cpu_last = None
     committed = _Committed(lane, partitions) if topic else None
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             peak_rss_sample = max(peak_rss_sample, _rss_kb(worker.pid, "VmRSS:"))
+            if cpu_first is None and redis_on and r.dbsize() > 0:
+                cpu_first = _cpu_s(worker.pid)  # startup (imports, engine) left out
             if redis_on and seen_redis is None and r.dbsize() >= 2 * n:
                 seen_redis = time.time()
             if (seen_redis or not redis_on) and (committed is None or committed.all()):
+                cpu_last = _cpu_s(worker.pid)
                 break
             time.sleep(0.02 if committed is None else 0.1)
         peak_rss = _rss_kb(worker.pid, "VmHWM:")
@@ -185,6 +197,11 @@ def run_once(
         "elapsed_s": round(elapsed, 3),
         "req_per_s": round(n / elapsed, 1),
         "peak_rss_mb": round(max(peak_rss, peak_rss_sample) / 1024, 1),
+        "worker_cpu_us_per_req": (
+            round((cpu_last - cpu_first) / n * 1e6, 1)
+            if cpu_first is not None and cpu_last is not None
+            else None
+        ),
         "mean_batch_size": round(statistics.mean(batch_sizes), 1),
         "statuses": statuses,
     }
@@ -290,7 +307,7 @@ def main() -> None:
     baseline = {(r["round"], r["n"]): r["req_per_s"] for r in rows if r["mode"] == "redis"}
     print(
         f"{'round':>5} {'N':>8} {'sinks':>6} {'elapsed s':>10} {'req/s':>10} {'x redis':>8}"
-        f" {'peak RSS MB':>12} {'mean batch':>11} {'on topic':>9}  statuses"
+        f" {'peak RSS MB':>12} {'cpu us/req':>11} {'mean batch':>11} {'on topic':>9}  statuses"
     )
     for row in rows:
         base = baseline.get((row["round"], row["n"]))
@@ -298,7 +315,8 @@ def main() -> None:
         print(
             f"{row['round']:>5} {row['n']:>8} {row['mode']:>6} {row['elapsed_s']:>10}"
             f" {row['req_per_s']:>10} {row['ratio_to_redis'] or '-':>8}"
-            f" {row['peak_rss_mb']:>12} {row['mean_batch_size']:>11} {row['on_topic']:>9}"
+            f" {row['peak_rss_mb']:>12} {row['worker_cpu_us_per_req'] or '-':>11}"
+            f" {row['mean_batch_size']:>11} {row['on_topic']:>9}"
             f"  {row['statuses']}"
         )
     if args.json_out:

@@ -285,3 +285,67 @@ def test_a_forced_tool_call_loops_to_the_final_turn(pipeline: dict[str, Any]) ->
     assert usage["prompt_tokens"] > 2 * first["prompt_tokens"], (usage, first)
     assert usage["completion_tokens"] > first["completion_tokens"], (usage, first)
     assert res["response"]["choices"][0]["finish_reason"] in {"stop", "length"}
+
+
+def test_n_logprobs_and_logit_bias_on_vllm(pipeline: dict[str, Any]) -> None:
+    """`n: 3`, `logprobs` with `top_logprobs: 5` and `logit_bias` through vLLM itself.
+
+    A +100 bias outweighs any logit random weights produce, so every sampled token is the
+    biased one; the logprobs are vLLM's raw ones (before the bias), five alternatives each,
+    best first.
+    """
+    tokenizer = pipeline["engine"].tokenizer
+    (blue,) = tokenizer.encode(" blue", add_special_tokens=False)
+    res = pipeline["send"](
+        {
+            "request_id": "n3-logprobs-bias",
+            "body": {
+                "messages": [{"role": "user", "content": "Name a colour."}],
+                "n": 3,
+                "logprobs": True,
+                "top_logprobs": 5,
+                "logit_bias": {str(blue): 100},
+                "temperature": 1.0,
+                "max_tokens": 8,
+                "ignore_eos": True,
+                "reasoning_effort": "none",
+            },
+        }
+    )
+    assert res["status"] == "succeeded", res
+    response = res["response"]
+    assert response["system_fingerprint"].startswith("fp_")
+    assert [c["index"] for c in response["choices"]] == [0, 1, 2]
+    assert response["usage"]["completion_tokens"] == 24
+    assert response["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+    for choice in response["choices"]:
+        assert choice["message"]["content"] == " blue" * 8, choice
+        content = choice["logprobs"]["content"]
+        assert [t["token"] for t in content] == [" blue"] * 8
+        for token in content:
+            top = [alt["logprob"] for alt in token["top_logprobs"]]
+            assert len(top) == 5 and top == sorted(top, reverse=True) and top[0] <= 0
+            assert token["logprob"] <= top[0] and token["bytes"] == list(b" blue")
+
+
+def test_completions_logprobs_and_cached_tokens_on_vllm(pipeline: dict[str, Any]) -> None:
+    """Completions `logprobs: 5` with n = 2, and vLLM's prefix cache counted on a repeat."""
+    prompt = "The history of the city begins " + "long ago and far away, " * 60
+    body = {"prompt": prompt, "n": 2, "logprobs": 5, "max_tokens": 6, "ignore_eos": True}
+    first = pipeline["send"](
+        {"request_id": "cmpl-lp-1", "endpoint": "/v1/completions", "body": body}
+    )
+    again = pipeline["send"](
+        {"request_id": "cmpl-lp-2", "endpoint": "/v1/completions", "body": body}
+    )
+    for res in (first, again):
+        assert res["status"] == "succeeded", res
+        assert [c["index"] for c in res["response"]["choices"]] == [0, 1]
+        for choice in res["response"]["choices"]:
+            lp = choice["logprobs"]
+            assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6
+            assert all(5 <= len(top) <= 6 for top in lp["top_logprobs"])
+            assert lp["text_offset"] == sorted(lp["text_offset"])
+    prompt_tokens = again["response"]["usage"]["prompt_tokens"]
+    cached = again["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert prompt_tokens > 256 and 0 < cached <= prompt_tokens, again["response"]["usage"]

@@ -145,3 +145,28 @@ def test_external_measures_workers_started_by_workers_sh(stack: Stack, tmp_path:
     assert doc["topic"] == lane.topic
     assert sorted(doc["by_worker"]) == [f"{lane.prefix}-w0", f"{lane.prefix}-w1"]
     assert sum(doc["by_worker"].values()) == 200
+
+
+def test_ab_worker_echo_alternates_two_trees_and_reports_ratios(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The before/after comparison of the echo benchmark (here HEAD against itself)."""
+    out = tmp_path / "ab.json"
+    env = os.environ | {
+        "QBATCH_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+        "QBATCH_REDIS_URL": stack.redis_url,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.ab_worker_echo", "--base", "HEAD",
+         "--pairs", "2", "--n", "3000", "--json-out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert [(r["pair"], r["side"]) for r in summary["runs"]] == [
+        (1, "base"), (1, "new"), (2, "new"), (2, "base"),
+    ]  # fmt: skip
+    assert all(r["req_per_s"] > 0 for r in summary["runs"])
+    assert summary["req_per_s"]["ratio_geomean"] > 0 and summary["req_per_s"]["ratio_median"] > 0
+    listed = subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True)
+    assert "qbatch-ab-" not in listed.stdout  # the base worktree is removed again
