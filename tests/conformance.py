@@ -8,7 +8,7 @@ name OpenAI's or another vLLM deployment's models), unless `keep_model` is set.
 
 The unit tests run every case through the contract validator and the renderer
 (`tests/unit/test_conformance.py`); the integration tests publish them all to a real
-worker (`tests/integration/test_conformance.py`).
+worker (`tests/integration/test_conformance_pipeline.py`).
 """
 
 from __future__ import annotations
