@@ -109,8 +109,8 @@ KINDS: dict[str, tuple[Make, Any, bool]] = {
         ("failed", "invalid_request", "body.max_tokens"),
         True,
     ),
-    "n_2": (
-        lambda r: (r.encode(), j(chat(r, "x", body={"n": 2}))),
+    "n_over_bound": (
+        lambda r: (r.encode(), j(chat(r, "x", body={"n": 17}))),
         ("failed", "invalid_request", "body.n"),
         True,
     ),
