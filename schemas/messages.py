@@ -9,9 +9,9 @@ is text-only, and a multimodal engine can take them later without a contract cha
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Discriminator, Field, field_validator, model_validator
+from pydantic import Discriminator, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError, to_json
 
 from schemas import json_schema, limits
@@ -154,18 +154,16 @@ class AssistantMessage(StrictModel):
     audio: Any = None
     function_call: Any = None
 
-    @field_validator("audio")
-    @classmethod
-    def _no_audio(cls, value: Any) -> None:
-        if value is not None:
-            raise _refuse("the served model reads and answers text only")
-        return None
+    _REFUSED: ClassVar[dict[str, str]] = {
+        "audio": "the served model reads and answers text only",
+        "function_call": "deprecated by OpenAI; send `tool_calls`",
+    }
 
-    @field_validator("function_call")
+    @field_validator(*_REFUSED)
     @classmethod
-    def _no_function_call(cls, value: Any) -> None:
+    def _refused(cls, value: Any, info: ValidationInfo) -> None:
         if value is not None:
-            raise _refuse("deprecated by OpenAI; send `tool_calls`")
+            raise _refuse(cls._REFUSED[str(info.field_name)])
         return None
 
     @model_validator(mode="after")

@@ -46,21 +46,13 @@ MIN_LOGPROB = -9999.0
 """JSON has no -inf: a token the model deems impossible is reported at this (as vLLM)."""
 
 
-def finish_reason(
-    output: EngineOutput | EngineSample, *, has_tool_calls: bool = False
-) -> FinishReason:
+def finish_reason(sample: EngineSample, *, has_tool_calls: bool = False) -> FinishReason:
     """tool_calls > length > abort > stop."""
-    if output.finish == "error":
-        key = getattr(output, "key", "?")
-        raise ValueError(
-            f"request {key} failed in the engine ({getattr(output, 'error', None)}); "
-            "it has no response"
-        )
     if has_tool_calls:
         return "tool_calls"
-    if output.finish == "length":
+    if sample.finish == "length":
         return "length"
-    if output.finish == "abort":
+    if sample.finish == "abort":
         return "abort"
     return "stop"
 
@@ -131,7 +123,7 @@ def chat_logprobs(
 
 
 def completion_logprobs(
-    logprobs: Sequence[TokenLogprob], k: int, *, offset: int = 0, as_ids: bool = False
+    logprobs: Sequence[TokenLogprob], k: int, *, as_ids: bool = False
 ) -> CompletionLogprobs:
     """The legacy completions shape: the sampled token is always in `top_logprobs`, so an
     entry holds up to k + 1 tokens (as OpenAI documents)."""
@@ -139,6 +131,7 @@ def completion_logprobs(
     token_logprobs: list[float | None] = []
     top: list[dict[str, float] | None] = []
     offsets: list[int] = []
+    offset = 0
     for item in logprobs:
         token = _token_text(item.token_id, item.token, as_ids)
         tokens.append(token)
@@ -264,7 +257,9 @@ def build_response(
     """
     body = envelope.body
     if output.finish == "error":
-        finish_reason(output)
+        raise ValueError(
+            f"request {output.key} failed in the engine ({output.error}); it has no response"
+        )
     if isinstance(body, CompletionBody):
         completion = _build_completion(
             envelope, body, rendered, output, model=model, created=created, fingerprint=fingerprint

@@ -315,9 +315,7 @@ class TransformersEngine(Engine):
             attention[row, width - len(ids) :] = 1
         limits = [req.sampling.max_tokens for req, _ in members]
         greedy = key[0] == "greedy"
-        stops = sorted(
-            set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(self._eos_ids))
-        )
+        stops = sorted(self._stop_ids(spec))
         config = GenerationConfig(
             max_new_tokens=max(limits),
             do_sample=not greedy,
@@ -389,6 +387,10 @@ class TransformersEngine(Engine):
             out.append(TokenLogprob(token_id, self._decode([token_id]), float(chosen[step]), top))
         return out
 
+    def _stop_ids(self, spec: SamplingSpec) -> set[int]:
+        """Token ids that end a row: the request's `stop_token_ids`, and EOS unless ignored."""
+        return set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(self._eos_ids))
+
     def _bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Each word with and without a leading space, as vLLM bans them."""
         ids: list[list[int]] = []
@@ -405,7 +407,7 @@ class TransformersEngine(Engine):
         spec = request.sampling
         tokens = tokens[: spec.max_tokens]
         finish = "length" if len(tokens) >= spec.max_tokens else "stop"
-        stops = set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(self._eos_ids))
+        stops = self._stop_ids(spec)
         cut = next((i for i, t in enumerate(tokens) if t in stops), None)
         if cut is not None:
             text = self._decode(tokens[:cut])
