@@ -70,6 +70,7 @@ def output_line(result: ResultEnvelope) -> BatchOutputLine:
             response=BatchOutputResponse(status_code=200, request_id=rid, body=body),
             error=None,
             tool_loop=result.tool_loop,
+            context=result.context,
         )
     err = _error_of(result)
     body = {
@@ -91,9 +92,8 @@ def output_line(result: ResultEnvelope) -> BatchOutputLine:
 
 def output_json(result: ResultEnvelope) -> str:
     """One output JSONL line (no newline)."""
-    return output_line(result).model_dump_json(
-        exclude={"tool_loop"} if result.tool_loop is None else None
-    )
+    absent = {name for name in ("tool_loop", "context") if getattr(result, name) is None}
+    return output_line(result).model_dump_json(exclude=absent or None)
 
 
 def local_result(

@@ -22,9 +22,11 @@ import typer
 from producer.cli_bulk import bulk_app, default_job_id
 from producer.cli_common import (
     EXIT_TIMEOUT,
+    ContextStrategyOpt,
     CustomIdOpt,
     DeadlineOpt,
     JobIdOpt,
+    MaxPromptTokensOpt,
     MetadataOpt,
     Options,
     PriorityOpt,
@@ -141,6 +143,8 @@ def submit(
     result_ttl: ResultTtlOpt = None,
     metadata: MetadataOpt = None,
     tool_loop: ToolLoopOpt = None,
+    context_strategy: ContextStrategyOpt = None,
+    max_prompt_tokens: MaxPromptTokensOpt = None,
     lane: Annotated[
         str | None,
         typer.Option(help="Priority lane: interactive (default), bulk, or one of QBATCH_LANES."),
@@ -171,6 +175,8 @@ def submit(
         job_id=job_id,
         custom_id=custom_id,
         tool_loop=tool_loop,
+        context_strategy=context_strategy,
+        max_prompt_tokens=max_prompt_tokens,
     )
     sent_ms = int(time.time() * 1000) - 5_000
     with guard(), client_for(o) as client:

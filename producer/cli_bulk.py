@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import re
 from contextlib import nullcontext
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from producer.bulk import Defaults, check_job_id
 from producer.cli_common import (
@@ -23,7 +21,9 @@ from producer.cli_common import (
     EXIT_TIMEOUT,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
+    ContextStrategyOpt,
     DeadlineOpt,
+    MaxPromptTokensOpt,
     MetadataOpt,
     Options,
     PriorityOpt,
@@ -43,7 +43,7 @@ from producer.cli_common import (
 from producer.cli_tools import RegistryOpt, build_registry, embedded_executor
 from producer.client import QBatchClient
 from producer.collect import CollectReport, collect_job, retry_job
-from producer.job_view import JobView
+from producer.job_view import status_table
 from producer.jobs import (
     DEFAULT_CHUNK,
     DEFAULT_JOB_TTL_S,
@@ -54,6 +54,7 @@ from producer.jobs import (
     submit_job,
 )
 from schemas import ContractError
+from schemas.context import ContextStrategy
 from schemas.settings import BULK
 
 BulkLaneOpt = Annotated[
@@ -80,14 +81,19 @@ def _defaults(
     deadline: str | None,
     result_ttl: int | None,
     metadata: str | None,
-    tool_loop: int | None = None,
+    tool_loop: int | None,
+    context_strategy: ContextStrategy | None,
+    max_prompt_tokens: int | None,
 ) -> Defaults:
+    """The request-option flags as a bulk job's defaults (checked once, up front)."""
     options = request_options(
         priority=priority,
         deadline=deadline,
         result_ttl=result_ttl,
         metadata=metadata,
         tool_loop=tool_loop,
+        context_strategy=context_strategy,
+        max_prompt_tokens=max_prompt_tokens,
     )
     try:
         return Defaults(**options)
@@ -216,6 +222,8 @@ def bulk_submit(
     result_ttl: ResultTtlOpt = None,
     metadata: MetadataOpt = None,
     tool_loop: ToolLoopOpt = None,
+    context_strategy: ContextStrategyOpt = None,
+    max_prompt_tokens: MaxPromptTokensOpt = None,
     job_ttl: JobTtlOpt = DEFAULT_JOB_TTL_S,
     chunk: ChunkOpt = DEFAULT_CHUNK,
     lane: BulkLaneOpt = BULK,
@@ -227,47 +235,22 @@ def bulk_submit(
     """
     o = opts(ctx)
     job = _check_job(job)
+    defaults = _defaults(
+        priority, deadline, result_ttl, metadata, tool_loop, context_strategy, max_prompt_tokens
+    )
     with guard(), client_for(o) as client:
         code = _do_submit(
             o,
             client,
             file,
             job,
-            _defaults(priority, deadline, result_ttl, metadata, tool_loop),
+            defaults,
             chunk,
             job_ttl,
             dry_run,
             lane,
         )
     raise typer.Exit(code)
-
-
-def _status_table(view: JobView) -> Table:
-    table = Table(title=f"job {view.job_id}", show_header=False)
-    table.add_column("field", style="bold")
-    table.add_column("value")
-
-    def fmt_ms(ms: int) -> str:
-        return datetime.fromtimestamp(ms / 1000).isoformat(timespec="seconds") if ms else "-"
-
-    rows = [
-        ("status", view.label),
-        ("progress", f"{view.done}/{view.total} ({view.progress_pct:.1f}%)"),
-        ("submitted", f"{view.submitted}/{view.total}"),
-        ("succeeded", str(view.succeeded)),
-        ("failed", str(view.failed)),
-        ("expired", str(view.expired)),
-        ("cancelled", str(view.cancelled)),
-        ("pending", str(view.pending)),
-        ("created", fmt_ms(view.created_at)),
-        ("last result", fmt_ms(view.updated_at)),
-        ("elapsed", f"{view.elapsed_s:.1f}s"),
-        ("rate", f"{view.rate:.1f} results/s" if view.rate else "-"),
-        ("ETA", f"{view.eta_s:.0f}s" if view.eta_s is not None else "-"),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    return table
 
 
 @bulk_app.command("status")
@@ -286,7 +269,7 @@ def bulk_status(
     if json_out or o.json:
         emit_json(view.as_dict())
     else:
-        out.print(_status_table(view))
+        out.print(status_table(view))
 
 
 def _collect_exit(report: CollectReport, allow_failures: bool) -> int:
@@ -401,6 +384,8 @@ def bulk_run(
     result_ttl: ResultTtlOpt = None,
     metadata: MetadataOpt = None,
     tool_loop: ToolLoopOpt = None,
+    context_strategy: ContextStrategyOpt = None,
+    max_prompt_tokens: MaxPromptTokensOpt = None,
     registry: RegistryOpt = None,
     tools_config: Annotated[
         Path | None,
@@ -429,6 +414,9 @@ def bulk_run(
         if tool_loop is None:
             raise usage_error("--registry/--tools-config run tools for --tool-loop N; give it")
         tools = build_registry(registry, tools_config)
+    defaults = _defaults(
+        priority, deadline, result_ttl, metadata, tool_loop, context_strategy, max_prompt_tokens
+    )
     with guard(), client_for(o) as client:
         executor = embedded_executor(o, tools) if tools is not None else nullcontext()
         with executor:
@@ -437,7 +425,7 @@ def bulk_run(
                 client,
                 file,
                 job,
-                _defaults(priority, deadline, result_ttl, metadata, tool_loop),
+                defaults,
                 chunk,
                 job_ttl,
                 dry_run=False,

@@ -36,6 +36,7 @@ from rich.progress import (
 from producer.client import PublishError, QBatchClient
 from producer.jobs import JobError
 from schemas import ConnectionSettings, ContractError, ResultEnvelope, Status
+from schemas.context import ContextStrategy
 from schemas.limits import DEFAULT_TOOL_TURNS
 from schemas.request import RequestOptions
 
@@ -213,6 +214,23 @@ ToolLoopOpt = Annotated[
         min=1,
     ),
 ]
+ContextStrategyOpt = Annotated[
+    ContextStrategy | None,
+    typer.Option(
+        "--context-strategy",
+        help="A prompt over the window: error (refuse), sliding_window (drop the oldest "
+        "turns), truncate_middle or truncate_head (cut the longest message). context.strategy",
+    ),
+]
+MaxPromptTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-prompt-tokens",
+        help="The window in prompt tokens (context.max_prompt_tokens; at most the model's "
+        "context minus max_tokens).",
+        min=1,
+    ),
+]
 DEFAULTS_NOTE = " For a bulk job: the default for lines that do not set it."
 
 
@@ -225,10 +243,14 @@ def request_options(
     job_id: str | None = None,
     custom_id: str | None = None,
     tool_loop: int | None = None,
+    context_strategy: ContextStrategy | None = None,
+    max_prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The flags' values as `schemas.RequestOptions` keyword arguments (unset ones left out)."""
+    context = {"strategy": context_strategy, "max_prompt_tokens": max_prompt_tokens}
     values: dict[str, Any] = {
         "tool_loop": {"max_turns": tool_loop} if tool_loop is not None else None,
+        "context": {k: v for k, v in context.items() if v is not None} or None,
         "priority": priority,
         "deadline": parse_deadline(deadline),
         "result_ttl_s": result_ttl,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
+
+from rich.table import Table
 
 from schemas import JobField, JobStatus
 
@@ -155,3 +158,32 @@ class JobView:
             "eta_s": round(self.eta_s, 1) if self.eta_s is not None else None,
             "all_succeeded": self.all_succeeded,
         }
+
+
+def status_table(view: JobView) -> Table:
+    """`qbatch bulk status`: the job as a two-column table."""
+    table = Table(title=f"job {view.job_id}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+
+    def fmt_ms(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000).isoformat(timespec="seconds") if ms else "-"
+
+    rows = [
+        ("status", view.label),
+        ("progress", f"{view.done}/{view.total} ({view.progress_pct:.1f}%)"),
+        ("submitted", f"{view.submitted}/{view.total}"),
+        ("succeeded", str(view.succeeded)),
+        ("failed", str(view.failed)),
+        ("expired", str(view.expired)),
+        ("cancelled", str(view.cancelled)),
+        ("pending", str(view.pending)),
+        ("created", fmt_ms(view.created_at)),
+        ("last result", fmt_ms(view.updated_at)),
+        ("elapsed", f"{view.elapsed_s:.1f}s"),
+        ("rate", f"{view.rate:.1f} results/s" if view.rate else "-"),
+        ("ETA", f"{view.eta_s:.0f}s" if view.eta_s is not None else "-"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import limits
 from schemas.request import Endpoint
+from schemas.context import ContextReport
 from schemas.tool_loop import ToolLoopReport
 
 
@@ -50,3 +51,5 @@ class BatchOutputLine(BaseModel):
     tool_loop: ToolLoopReport | None = None
     """qbatch's addition for lines run with `tool_loop`: the turns and their calls (a
     reader of the OpenAI shape can ignore it)."""
+    context: ContextReport | None = None
+    """qbatch's addition for lines with a `context` policy: what was dropped or cut."""

@@ -339,8 +339,8 @@ RULES: tuple[FieldRule, ...] = (
         "truncate_prompt_tokens",
         "both",
         "refused",
-        "a silently cut prompt changes "
-        "the answer; an over-long prompt fails with `context_length_exceeded`",
+        "a silently cut prompt changes the answer; the envelope's `context` policy cuts "
+        "by rule and reports what it cut",
     ),
     FieldRule("truncation_side", "both", "refused", "as `truncate_prompt_tokens`"),
     FieldRule(

@@ -27,6 +27,7 @@ from schemas.bodies import (
     TextFormat,
 )
 from schemas.common import JsonObject, StrictModel, Text, field_error
+from schemas.context import ContextPolicy, ContextStrategy
 from schemas.messages import (
     AssistantMessage,
     Content,
@@ -139,6 +140,11 @@ class RequestOptions(StrictModel):
         description="Run the model's tool calls through the tool executor and continue to "
         'the final answer, e.g. {"max_turns": 4}; chat requests with tools only.',
     )
+    context: ContextPolicy | None = Field(
+        None,
+        description="What to do with a prompt longer than the window, e.g. "
+        '{"strategy": "sliding_window", "max_prompt_tokens": 2048}; default: refuse it.',
+    )
 
     @field_validator("metadata")
     @classmethod
@@ -174,6 +180,16 @@ class RequestEnvelope(RequestOptions):
             raise ValueError("tool_loop: only /v1/chat/completions requests can call tools")
         if self.tool_loop is not None and self.body.choices() > 1:
             raise field_error("tool_loop", "a loop follows one conversation; body.n must be 1")
+        if (
+            self.context is not None
+            and self.context.strategy is ContextStrategy.sliding_window
+            and not self.is_chat
+        ):
+            raise field_error(
+                "context.strategy",
+                "sliding_window drops chat turns; a /v1/completions prompt takes "
+                "truncate_middle or truncate_head",
+            )
         if self.loop is not None and self.tool_loop and self.loop.turn > self.tool_loop.max_turns:
             raise ValueError("loop.turn: beyond tool_loop.max_turns")
         return self

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.context import ContextReport
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.ref import RequestRef
 from schemas.request import RequestEnvelope, ToolCall
@@ -171,6 +172,8 @@ class ResultEnvelope(ResultModel):
     tool_call_errors: list[ToolCallError] = Field(default_factory=list)
     tool_loop: ToolLoopReport | None = None
     """Set on the result of a request run with `tool_loop`: its turns and their calls."""
+    context: ContextReport | None = None
+    """Set when the request had a `context` policy: what was dropped or cut to fit."""
     timings: Timings = Field(default_factory=Timings)
     worker: WorkerInfo | None = None
 
@@ -189,6 +192,7 @@ class ResultEnvelope(ResultModel):
         tool_call_errors: list[ToolCallError] | None = None,
         timings: Timings | None = None,
         worker: WorkerInfo | None = None,
+        context: ContextReport | None = None,
     ) -> ResultEnvelope:
         """The one way a result is made, for every outcome, by worker and producer alike: it
         echoes the request's id, job, custom_id and metadata, so no outcome loses its job."""
@@ -206,6 +210,7 @@ class ResultEnvelope(ResultModel):
             tool_call_errors=tool_call_errors or [],
             timings=timings or Timings(),
             worker=worker,
+            context=context,
         )
 
     @classmethod

@@ -28,33 +28,35 @@ any per-call heavy work.
 
 from __future__ import annotations
 
-import functools
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from schemas.context import (
+    TRUNCATION_MARKER,
+    ContextPolicy,
+    ContextReport,
+    ContextStrategy,
+    Truncation,
+)
 from schemas.errors import ContractError, ErrorCode
 from schemas.request import (
-    AssistantMessage,
     ChatCompletionBody,
     CompletionBody,
-    JsonObjectFormat,
-    JsonSchemaFormat,
     Message,
     RequestEnvelope,
-    SystemMessage,
     Tool,
-    ToolMessage,
-    UserMessage,
     content_text,
     media_parts,
 )
+from worker import context_window as cw
 from worker.engines.base import EngineRequest, SamplingSpec
 from worker.forced_calls import ForcedCall, forced_call, forced_schema
+from worker.sampling import GENERATION_DEFAULT_KEYS, load_generation_defaults, sampling_from_body
+from worker.template_messages import echo_text, messages_to_template
 
 __all__ = [
+    "DEFAULT_OUTPUT_RESERVE",
     "GENERATION_DEFAULT_KEYS",
     "PromptRenderer",
     "RenderedPrompt",
@@ -62,9 +64,6 @@ __all__ = [
     "messages_to_template",
     "sampling_from_body",
 ]
-
-GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty")
-"""generation_config.json keys that become defaults for unset body fields (vLLM `auto`)."""
 
 # Keyword names apply_chat_template owns; a request may not override them.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -88,6 +87,32 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 
+DEFAULT_OUTPUT_RESERVE = 1_024
+"""Output tokens a context policy leaves room for when neither the request (max_tokens) nor
+the worker (default_max_tokens) sets a budget."""
+
+
+class _Prompt(NamedTuple):
+    text: str
+    token_ids: list[int] | None
+    n_prompt: int
+    reasoning: bool
+    tools: list[Tool] | None
+
+
+class _TokenizerCodec:
+    """A Hugging Face tokenizer as `context_window.Codec` (no special tokens added)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
+
+
 @dataclass(frozen=True, slots=True)
 class RenderedPrompt:
     """A request ready for an engine."""
@@ -107,6 +132,8 @@ class RenderedPrompt:
     think_end_id: int | None = None
     """The `</think>` token id when reasoning is enabled (counts reasoning tokens)."""
     cache_salt: str | None = None
+    context: ContextReport | None = None
+    """What the request's context policy did (None: it set none)."""
 
     def engine_request(self, key: str, priority: int = 0) -> EngineRequest:
         return EngineRequest(
@@ -117,140 +144,6 @@ class RenderedPrompt:
             priority=priority,
             cache_salt=self.cache_salt,
         )
-
-
-def load_generation_defaults(model_dir: str | Path) -> dict[str, Any]:
-    """The sampling defaults in a model's `generation_config.json` ({} when there is none)."""
-    path = Path(model_dir) / "generation_config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {key: data[key] for key in GENERATION_DEFAULT_KEYS if data.get(key) is not None}
-
-
-_PLAIN_FIELDS = frozenset(
-    {
-        "messages",
-        "prompt",
-        "model",
-        "max_tokens",
-        "max_completion_tokens",
-        *GENERATION_DEFAULT_KEYS,
-        "tools",
-        "tool_choice",
-        "chat_template_kwargs",
-        "user",
-    }
-)
-"""Body fields that leave every SamplingSpec field past the five generation defaults at
-its default: a request that sets only these (most do) takes `sampling_from_body`'s short
-path. An allowlist, so a field added later takes the full path until it is listed."""
-
-
-@functools.lru_cache(maxsize=4096)
-def _plain_spec(*items: tuple[str, Any]) -> SamplingSpec:
-    """SamplingSpecs are frozen, so requests that ask the same share one (most requests
-    differ at most in max_tokens and temperature; building one is ~2 us of 25 fields)."""
-    return SamplingSpec(**dict(items))
-
-
-def sampling_from_body(
-    body: ChatCompletionBody | CompletionBody,
-    max_tokens: int,
-    generation_defaults: Mapping[str, Any] | None = None,
-) -> SamplingSpec:
-    """Map OpenAI body fields onto a `SamplingSpec`; unset fields fall back to the defaults."""
-    given = body.model_fields_set
-    defaults = generation_defaults or {}
-    kwargs: dict[str, Any] = {"max_tokens": max_tokens}
-    for name in GENERATION_DEFAULT_KEYS:
-        value = getattr(body, name) if name in given else None
-        if value is None:
-            value = defaults.get(name)
-        if value is not None:
-            kwargs[name] = int(value) if name == "top_k" else float(value)
-    if given <= _PLAIN_FIELDS:
-        return _plain_spec(*kwargs.items())
-    fmt = body.response_format
-    if isinstance(fmt, JsonSchemaFormat):
-        kwargs["json_schema"] = fmt.json_schema.schema_
-    elif isinstance(fmt, JsonObjectFormat):
-        kwargs["json_object"] = True
-    structured = body.structured_outputs
-    if structured is not None:
-        kwargs["json_schema"] = structured.json_
-        kwargs["json_object"] = bool(structured.json_object)
-        kwargs["choice"] = tuple(structured.choice) if structured.choice else None
-    return SamplingSpec(
-        **kwargs,
-        seed=body.seed,
-        stop=tuple(body.stop_list()),
-        ignore_eos=bool(body.ignore_eos),
-        min_tokens=min(body.min_tokens or 0, max_tokens),
-        n=body.choices(),
-        logprobs=body.top_logprobs_k(),
-        min_p=_opt_float(body.min_p),
-        repetition_penalty=_opt_float(body.repetition_penalty),
-        logit_bias=tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items()),
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        include_stop_str_in_output=bool(body.include_stop_str_in_output),
-        allowed_token_ids=tuple(body.allowed_token_ids) if body.allowed_token_ids else None,
-        bad_words=tuple(body.bad_words or ()),
-    )
-
-
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def _arguments_for_template(arguments: str) -> Any:
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        return arguments
-    return parsed if isinstance(parsed, dict) else arguments
-
-
-def messages_to_template(messages: Iterable[Message]) -> list[dict[str, Any]]:
-    """Typed OpenAI messages -> the plain dicts chat templates expect."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        if isinstance(message, SystemMessage):
-            out.append({"role": "system", "content": content_text(message.content)})
-        elif isinstance(message, UserMessage):
-            out.append({"role": "user", "content": content_text(message.content)})
-        elif isinstance(message, AssistantMessage):
-            item: dict[str, Any] = {
-                "role": "assistant",
-                "content": content_text(message.content),
-            }
-            if message.reasoning_content is not None:
-                item["reasoning_content"] = message.reasoning_content
-            if message.tool_calls:
-                item["tool_calls"] = [
-                    {
-                        "id": call.id,
-                        "type": "function",
-                        "function": {
-                            "name": call.function.name,
-                            "arguments": _arguments_for_template(call.function.arguments),
-                        },
-                    }
-                    for call in message.tool_calls
-                ]
-            out.append(item)
-        elif isinstance(message, ToolMessage):
-            out.append(
-                {
-                    "role": "tool",
-                    "content": content_text(message.content),
-                    "tool_call_id": message.tool_call_id,
-                }
-            )
-    return out
 
 
 class PromptRenderer:
@@ -300,18 +193,20 @@ class PromptRenderer:
         self._check_token_ids(body)
         if isinstance(body, ChatCompletionBody):
             self._check_media(body)
-            text, token_ids, n_prompt, reasoning, tools = self._render_chat(body)
             prompt_param = "body.messages"
             explicit = body.max_completion_tokens or body.max_tokens
             max_param = (
                 "body.max_completion_tokens" if body.max_completion_tokens else "body.max_tokens"
             )
         else:
-            text, token_ids, n_prompt = self._render_completion(body)
-            reasoning, tools = False, None
             prompt_param = "body.prompt"
             explicit = body.max_tokens
             max_param = "body.max_tokens"
+        prompt = self._render_body(body)
+        report = None
+        if envelope.context is not None:
+            body, prompt, report = self._fit(envelope.context, body, prompt, explicit)
+        text, token_ids, n_prompt, reasoning, tools = prompt
         max_tokens = self._max_tokens(n_prompt, explicit, prompt_param, max_param)
         sampling = sampling_from_body(body, max_tokens, self.generation_defaults)
         forced = forced_call(body) if isinstance(body, ChatCompletionBody) else None
@@ -336,9 +231,123 @@ class PromptRenderer:
             forced=forced if tools else None,
             think_end_id=self._think_end_id if reasoning else None,
             cache_salt=body.cache_salt,
+            context=report,
         )
 
     # ------------------------------------------------------------------ internals
+
+    def _render_body(self, body: ChatCompletionBody | CompletionBody) -> _Prompt:
+        if isinstance(body, ChatCompletionBody):
+            return self._render_chat(body)
+        text, token_ids, n_prompt = self._render_completion(body)
+        return _Prompt(text, token_ids, n_prompt, False, None)
+
+    def _window(self, policy: ContextPolicy, explicit: int | None) -> int:
+        """Prompt tokens a policy may keep: the context minus the output budget, and no
+        more than `max_prompt_tokens`. The budget is max_tokens, else the worker's default,
+        else `DEFAULT_OUTPUT_RESERVE` (a quarter of a small context at most)."""
+        if explicit is None:
+            explicit = self.default_max_tokens or min(
+                DEFAULT_OUTPUT_RESERVE, self.max_model_len // 4
+            )
+        window = self.max_model_len - explicit
+        if policy.max_prompt_tokens is not None:
+            window = min(window, policy.max_prompt_tokens)
+        return window
+
+    def _measure(self, body: ChatCompletionBody | CompletionBody, prompt: _Prompt) -> int:
+        """A prompt's tokens as the policy counts them: the rendered prompt's, or without a
+        tokenizer (echo) the words of the whole conversation, not just the echoed part."""
+        if self.tokenizer is None and isinstance(body, ChatCompletionBody):
+            return sum(len(content_text(m.content).split()) for m in body.messages)
+        return prompt.n_prompt
+
+    def _codec(self) -> cw.Codec:
+        if self.tokenizer is None:
+            return cw.WordCodec()
+        return _TokenizerCodec(self.tokenizer)
+
+    def _fit(
+        self,
+        policy: ContextPolicy,
+        body: ChatCompletionBody | CompletionBody,
+        prompt: _Prompt,
+        explicit: int | None,
+    ) -> tuple[ChatCompletionBody | CompletionBody, _Prompt, ContextReport]:
+        """Apply the request's context policy (see `worker.context_window`)."""
+        strategy = policy.strategy
+        before = self._measure(body, prompt)
+        window = self._window(policy, explicit)
+        report = ContextReport(
+            strategy=strategy,
+            window=window,
+            prompt_tokens_before=before,
+            prompt_tokens_after=before,
+        )
+        if before <= window or window < 1:  # fits, or max_tokens alone is over the context
+            return body, prompt, report
+        chat = isinstance(body, ChatCompletionBody)
+        param = "body.messages" if chat else "body.prompt"
+        if strategy is ContextStrategy.error:
+            if policy.max_prompt_tokens is None:  # today's rule, checked by _max_tokens
+                return body, prompt, report
+            raise ContractError(
+                f"the prompt is {before} tokens, over context.max_prompt_tokens "
+                f"({policy.max_prompt_tokens}); set context.strategy to cut it",
+                param=param,
+                code=ErrorCode.context_length_exceeded,
+            )
+        codec = self._codec()
+        dropped: list[int] = []
+        truncated: list[Truncation] = []
+        if isinstance(body, ChatCompletionBody):
+            chat_body = body
+
+            def measure(messages: Sequence[Message]) -> int:
+                trial = chat_body.model_copy(update={"messages": list(messages)})
+                return self._measure(trial, self._render_body(trial))
+
+            fitted = cw.fit_messages(strategy, body.messages, window, measure, codec)
+            body = body.model_copy(update={"messages": fitted.messages})
+            dropped, truncated = fitted.dropped, fitted.truncated
+        else:
+            body, removed = self._fit_prompt(body, strategy, before - window, window, codec)
+            truncated = [Truncation(message=None, tokens_removed=removed)]
+        prompt = self._render_body(body)
+        return (
+            body,
+            prompt,
+            report.model_copy(
+                update={
+                    "prompt_tokens_after": self._measure(body, prompt),
+                    "messages_dropped": len(dropped),
+                    "dropped": dropped,
+                    "truncated": truncated,
+                }
+            ),
+        )
+
+    def _fit_prompt(
+        self,
+        body: CompletionBody,
+        strategy: ContextStrategy,
+        over: int,
+        window: int,
+        codec: cw.Codec,
+    ) -> tuple[CompletionBody, int]:
+        value = body.prompt_value()
+        if isinstance(value, str):
+
+            def measure(text: str) -> int:
+                return self._render_completion(body.model_copy(update={"prompt": text}))[2]
+
+            text, removed = cw.fit_text(
+                strategy, value, over, codec, measure, window, "body.prompt"
+            )
+            return body.model_copy(update={"prompt": text}), removed
+        marker = codec.encode(TRUNCATION_MARKER.format(tokens=len(value)))
+        ids, removed = cw.fit_ids(strategy, value, window, marker)
+        return body.model_copy(update={"prompt": ids}), removed
 
     def _check_media(self, body: ChatCompletionBody) -> None:
         for i, message in enumerate(body.messages):
@@ -401,9 +410,7 @@ class PromptRenderer:
             return max(1, min(self.default_max_tokens, room))
         return room
 
-    def _render_chat(
-        self, body: ChatCompletionBody
-    ) -> tuple[str, list[int] | None, int, bool, list[Tool] | None]:
+    def _render_chat(self, body: ChatCompletionBody) -> _Prompt:
         kwargs = dict(body.chat_template_kwargs or {})
         tools = body.tools if body.tools and body.tool_choice != "none" else None
         said = body.thinking()
@@ -413,8 +420,8 @@ class PromptRenderer:
         if self.tokenizer is None:
             # No template (echo engine): the "model" may think unless the request said not to,
             # so `<think>` blocks a test sends come back as reasoning_content.
-            text = _echo_text(body)
-            return text, None, len(text.split()), thinking, tools
+            text = echo_text(body)
+            return _Prompt(text, None, len(text.split()), thinking, tools)
         reserved = _RESERVED_TEMPLATE_KWARGS.intersection(kwargs)
         if reserved:
             raise ContractError(
@@ -441,7 +448,7 @@ class PromptRenderer:
             raise TypeError("apply_chat_template(tokenize=False) did not return text")
         special = bool(body.add_special_tokens)
         token_ids = list(self.tokenizer.encode(text, add_special_tokens=special))
-        return text, token_ids, len(token_ids), thinking and self._template_thinks, tools
+        return _Prompt(text, token_ids, len(token_ids), thinking and self._template_thinks, tools)
 
     def _render_completion(self, body: CompletionBody) -> tuple[str, list[int] | None, int]:
         prompt = body.prompt_value()
@@ -465,24 +472,3 @@ def _token_id(tokenizer: Any, token: str) -> int | None:
     """The id of a single-token string, or None when the vocabulary has no such token."""
     ids = tokenizer.encode(token, add_special_tokens=False)
     return int(ids[0]) if len(ids) == 1 else None
-
-
-def _echo_text(body: ChatCompletionBody) -> str:
-    """What the echo "model" answers: the trailing `tool` messages' contents when the
-    conversation ends with tool results (a tool loop's continuation: a tool can script
-    the next turn by returning a `<tool_call>` block), else the last user message."""
-    results: list[str] = []
-    for message in reversed(body.messages):
-        if not isinstance(message, ToolMessage):
-            break
-        results.append(content_text(message.content))
-    if results:
-        return "\n".join(reversed(results))
-    return _last_user_text(body)
-
-
-def _last_user_text(body: ChatCompletionBody) -> str:
-    for message in reversed(body.messages):
-        if isinstance(message, UserMessage):
-            return content_text(message.content)
-    return content_text(body.messages[-1].content)

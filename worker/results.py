@@ -76,6 +76,7 @@ def finished_result(
         tool_call_errors=tool_errors,
         timings=timings,
         worker=worker,
+        context=run.rendered.context,
     )
 
 
