@@ -349,3 +349,53 @@ def test_completions_logprobs_and_cached_tokens_on_vllm(pipeline: dict[str, Any]
     prompt_tokens = again["response"]["usage"]["prompt_tokens"]
     cached = again["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert prompt_tokens > 256 and 0 < cached <= prompt_tokens, again["response"]["usage"]
+
+
+def test_context_policies_fit_long_prompts_on_vllm(pipeline: dict[str, Any]) -> None:
+    """A 60-turn conversation with tool calls (~6K tokens) and a ~9K-token document in a 4K
+    context: sliding_window and truncate_middle make them fit, measured with the engine's
+    own tokenizer, and vLLM accepts the result (it would refuse an over-long prompt)."""
+    turns: list[dict[str, Any]] = [{"role": "system", "content": "Answer briefly."}]
+    for n in range(60):
+        turns.append({"role": "user", "content": f"Question {n}: " + "how is the weather " * 12})
+        turns.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{n}",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            }
+        )
+        turns.append({"role": "tool", "tool_call_id": f"c{n}", "content": '{"temp_c": 21}'})
+        turns.append({"role": "assistant", "content": "It is 21 degrees. " * 8})
+    turns.append({"role": "user", "content": "And tomorrow?"})
+    slide = pipeline["send"]({
+        "request_id": "ctx-slide",
+        "body": {"messages": turns, "tools": TOOLS, "max_tokens": 64, "ignore_eos": True},
+        "context": {"strategy": "sliding_window", "max_prompt_tokens": 2048},
+    })  # fmt: skip
+    assert slide["status"] == "succeeded", slide
+    report = slide["context"]
+    assert report["prompt_tokens_before"] > 4096 >= 2048 >= report["prompt_tokens_after"]
+    assert report["messages_dropped"] > 0 and report["messages_dropped"] % 4 == 0
+    assert slide["response"]["usage"]["prompt_tokens"] == report["prompt_tokens_after"]
+    assert slide["response"]["usage"]["completion_tokens"] == 64
+
+    document = " ".join(f"Clause {i} sets out the terms of delivery." for i in range(1000))
+    cut = pipeline["send"]({
+        "request_id": "ctx-cut",
+        "body": {"messages": [{"role": "user", "content": "Summarise:\n" + document}],
+                 "max_tokens": 256, "ignore_eos": True},
+        "context": {"strategy": "truncate_middle"},
+    })  # fmt: skip
+    assert cut["status"] == "succeeded", cut
+    report = cut["context"]
+    assert report["window"] == 4096 - 256
+    assert report["prompt_tokens_before"] > 4096
+    assert cut["response"]["usage"]["prompt_tokens"] == report["prompt_tokens_after"] <= 3840
+    assert report["truncated"][0]["tokens_removed"] >= report["prompt_tokens_before"] - 3840
