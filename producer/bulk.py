@@ -24,7 +24,7 @@ Decisions (see `producer/README.md`):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -189,6 +189,14 @@ class Scan:
     @property
     def mixed(self) -> list[Line]:
         return [line for line in self.lines if line.mixed]
+
+    @property
+    def invalid(self) -> int:
+        return sum(1 for line in self.lines if not line.ok)
+
+    def lines_from(self, position: int) -> Iterator[Line]:
+        """The lines after the first `position` (`producer.jobs.LineSource`)."""
+        return iter(self.lines[position:])
 
 
 def _custom_id_of(obj: object) -> str | None:

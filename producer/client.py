@@ -19,6 +19,7 @@ polling GET.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -372,6 +373,23 @@ class QBatchClient:
             if left <= 0:
                 return found
             self._block([self.keys.done(rid) for rid in missing[:256]], left)
+
+    def summarize(self, text: str, *, tokenizer: Any, **settings: Any) -> Any:
+        """Summarise a long `text` map-reduce style (needs `pip install 'qbatch[docs]'`).
+
+        `tokenizer`: the served model's tokenizer (a `tokenizer.json` path, its model
+        directory, or a `producer.summarize.tokens.Tokenizer`). `settings`: `budget`
+        (`producer.summarize.plan.Budget`: context, summary tokens, chunk and overlap),
+        `templates`, `instructions`, `model`, `thinking`, `timeout`, `lane` and request
+        options. Returns a `producer.summarize.plan.Summary` (summary, chunks, levels,
+        usage, error naming the level and chunk that failed).
+        """
+        from producer.summarize.single import summarize_text
+        from producer.summarize.tokens import load_tokenizer
+
+        if isinstance(tokenizer, str | os.PathLike):
+            tokenizer = load_tokenizer(tokenizer)
+        return summarize_text(self, text, tokenizer, **settings)
 
     # ------------------------------------------------------------ lifecycle
 

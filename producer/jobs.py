@@ -20,14 +20,15 @@ submission, the unsent lines (`cancelled`).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from producer.batch_output import cancelled_result, invalid_result
-from producer.bulk import Defaults, Line, Scan, scan_lines
+from producer.bulk import Defaults, InputFormat, Line, Scan, parse_line, scan_lines
 from producer.client import QBatchClient, now_utc
 from producer.job_view import JobView
 from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope
@@ -70,6 +71,41 @@ def scan_file(
     path: Path, job_id: str, *, attempt: int = 0, defaults: Defaults | None = None
 ) -> Scan:
     return scan_lines(read_lines(path), job_id, attempt=attempt, defaults=defaults)
+
+
+class LineSource(Protocol):
+    """What `submit_job` reads: a `Scan` (a whole file validated in memory), or a
+    `GeneratedLines` streamed from a file written by qbatch itself."""
+
+    @property
+    def total(self) -> int: ...
+
+    @property
+    def invalid(self) -> int: ...
+
+    def lines_from(self, position: int) -> Iterator[Line]:
+        """The lines after the first `position` non-blank ones, in file order."""
+        ...
+
+
+class GeneratedLines:
+    """A native-envelope file qbatch wrote (valid lines, none blank), read line by line
+    from a position, so a huge generated file is submitted in bounded memory."""
+
+    def __init__(self, path: Path, job_id: str, total: int, *, attempt: int = 0) -> None:
+        self.path = path
+        self.job_id = job_id
+        self.total = total
+        self.invalid = 0
+        self.attempt = attempt
+
+    def lines_from(self, position: int) -> Iterator[Line]:
+        with self.path.open("r", encoding="utf-8", newline="") as fh:
+            texts = (text for text in fh if text.strip())
+            for number, text in enumerate(itertools.islice(texts, position, None), position + 1):
+                yield parse_line(
+                    text.strip(), number, InputFormat.native, self.job_id, attempt=self.attempt
+                )
 
 
 class JobError(RuntimeError):
@@ -241,7 +277,7 @@ def submit_job(
     client: QBatchClient,
     store: JobStore,
     job_id: str,
-    scan: Scan,
+    scan: LineSource,
     *,
     input_path: str,
     sha: str,
@@ -249,7 +285,8 @@ def submit_job(
     on_progress: Progress | None = None,
     lane: str | None = BULK,
 ) -> SubmitReport:
-    """Publish a scanned file as job `job_id`, resuming where an earlier run stopped.
+    """Publish a scanned file (or any `LineSource`) as job `job_id`, resuming where an
+    earlier run stopped.
 
     Lines are published in file order, `chunk` at a time, to priority lane `lane` (bulk
     by default, so a nightly job never queues ahead of interactive requests); after each
@@ -259,7 +296,7 @@ def submit_job(
     """
     started = time.monotonic()
     total = scan.total
-    report = SubmitReport(job_id, total, invalid=len(scan.bad))
+    report = SubmitReport(job_id, total, invalid=scan.invalid)
     kind, status, submitted = store.begin(job_id, total, input_path, sha)
     report.resumed_from = submitted if kind == "exists" else 0
     if kind == "exists" and status not in (JobStatus.submitting, JobStatus.cancelling):
@@ -273,18 +310,20 @@ def submit_job(
     position = min(submitted, total)
     if on_progress:
         on_progress(position, total)
+    source = scan.lines_from(position)
     while position < total:
         if store.cancel_requested(job_id):
             break
         end = min(position + chunk, total)
-        report.published += publish_chunk(client, store, job_id, scan.lines[position:end], lane)
+        part = list(itertools.islice(source, end - position))
+        report.published += publish_chunk(client, store, job_id, part, lane)
         store.set_submitted(job_id, end)
         position = end
         if on_progress:
             on_progress(position, total)
     if position < total:  # cancelled during submission: answer the unsent lines ourselves
         ms = now_ms()
-        rest = scan.lines[position:]
+        rest = list(source)
         results = [
             (
                 invalid_result(line, job_id, ms)
@@ -307,8 +346,10 @@ def submit_job(
 __all__ = [
     "DEFAULT_CHUNK",
     "DEFAULT_JOB_TTL_S",
+    "GeneratedLines",
     "JobError",
     "JobStore",
+    "LineSource",
     "SubmitReport",
     "file_sha256",
     "publish_chunk",
