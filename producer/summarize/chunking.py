@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from producer.summarize.tokens import Tokenizer
+from producer.summarize.tokens import Tokenizer, offsets_many
 
 DEFAULT_MAX_BUFFER = 16 << 20
 
@@ -90,10 +90,12 @@ class _Stream:
         self.tokenized_to = 0  # document char offset where the pending text starts
         self.index = 0
 
-    def feed(self, piece: str) -> None:
-        """Tokenize `piece` (the text from `tokenized_to` on, ending at a safe cut)."""
+    def feed(self, piece: str, offsets: list[tuple[int, int]] | None = None) -> None:
+        """Take `piece` (the text from `tokenized_to` on, ending at a safe cut) and its
+        token offsets (tokenized here when not given)."""
         at = self.tokenized_to
-        self.spans.extend((at + a, at + b) for a, b in self.tok.offsets(piece))
+        spans = self.tok.offsets(piece) if offsets is None else offsets
+        self.spans.extend((at + a, at + b) for a, b in spans)
         self.tokenized_to += len(piece)
 
     def chunk(self, first: int, end: int) -> Chunk:
@@ -162,26 +164,47 @@ def stream_chunks(
 
 FEED_CHARS = 1 << 16
 """Text tokenized at a time: bounds the token spans held besides one chunk's."""
+FEED_PIECES = 8
+"""Pieces of FEED_CHARS tokenized in one parallel call (`tokens.offsets_many`)."""
+
+
+def _ready_pieces(st: _Stream, max_buffer: int) -> list[str]:
+    """The pending text cut at safe cuts into up to FEED_PIECES pieces of about
+    FEED_CHARS; [] when no safe cut is there yet."""
+    start = st.tokenized_to - st.text_at
+    pending = len(st.text) - start
+    pieces: list[str] = []
+    at = start
+    while len(pieces) < FEED_PIECES:
+        window = st.text[at : at + FEED_CHARS]
+        cut = safe_cut(window)
+        if cut == 0:
+            break
+        pieces.append(window[:cut])
+        at += cut
+        if len(window) < FEED_CHARS:
+            break
+    if not pieces and pending > FEED_CHARS:  # no safe cut in a whole window: look further
+        window = st.text[start : start + max_buffer]
+        cut = safe_cut(window) or (len(window) if pending >= max_buffer else 0)
+        if cut:
+            pieces.append(window[:cut])
+    return pieces
 
 
 def _tokenize_ready(st: _Stream, max_buffer: int) -> Iterator[Chunk]:
-    """Tokenize the pending text up to its last safe cut, a window at a time, emitting
+    """Tokenize the pending text up to its last safe cut, some pieces at a time, emitting
     the chunks that become known."""
     while True:
-        start = st.tokenized_to - st.text_at
-        pending = len(st.text) - start
-        window = st.text[start : start + FEED_CHARS]
-        cut = safe_cut(window)
-        if cut == 0 and pending > FEED_CHARS:
-            window = st.text[start : start + max_buffer]
-            cut = safe_cut(window) or (len(window) if pending >= max_buffer else 0)
-        if cut == 0:
+        pieces = _ready_pieces(st, max_buffer)
+        if not pieces:
             return
-        st.feed(window[:cut])
-        yield from st.ready()
-        if not st.spans:  # nothing kept for a chunk: drop the tokenized text too
-            st.text = st.text[st.tokenized_to - st.text_at :]
-            st.text_at = st.tokenized_to
+        for piece, offsets in zip(pieces, offsets_many(st.tok, pieces), strict=True):
+            st.feed(piece, offsets)
+            yield from st.ready()
+            if not st.spans:  # nothing kept for a chunk: drop the tokenized text too
+                st.text = st.text[st.tokenized_to - st.text_at :]
+                st.text_at = st.tokenized_to
 
 
 def chunk_text(text: str, tokenizer: Tokenizer, size: int, overlap: int) -> list[Chunk]:
