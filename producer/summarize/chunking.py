@@ -162,9 +162,9 @@ def stream_chunks(
     yield from st.last()
 
 
-FEED_CHARS = 1 << 16
+FEED_CHARS = 1 << 14
 """Text tokenized at a time: bounds the token spans held besides one chunk's."""
-FEED_PIECES = 8
+FEED_PIECES = 16
 """Pieces of FEED_CHARS tokenized in one parallel call (`tokens.offsets_many`)."""
 
 
