@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import limits
-from schemas.request import Endpoint
 from schemas.context import ContextReport
+from schemas.request import Endpoint
 from schemas.tool_loop import ToolLoopReport
 
 

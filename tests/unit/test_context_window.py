@@ -25,14 +25,18 @@ def msgs(*items: dict[str, Any]) -> list[Any]:
 
 
 def words(messages: Any) -> int:
-    return sum(len((m.content or "").split()) if isinstance(m.content, str | None) else 0 for m in messages)
+    return sum(
+        len((m.content or "").split()) if isinstance(m.content, str | None) else 0 for m in messages
+    )
 
 
 def call(cid: str) -> dict[str, Any]:
     return {
         "role": "assistant",
         "content": None,
-        "tool_calls": [{"id": cid, "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
     }
 
 
@@ -75,7 +79,9 @@ def test_turns_start_at_user_messages_and_pin_system_and_the_current_turn() -> N
 )
 def test_sliding_window_drops_the_fewest_oldest_turns(window: int, dropped: list[int]) -> None:
     assert words(CONVERSATION) == 95  # pinned 25, turns A 20, B 30, C 20
-    fitted = cw.fit_messages(ContextStrategy.sliding_window, CONVERSATION, window, words, cw.WordCodec())
+    fitted = cw.fit_messages(
+        ContextStrategy.sliding_window, CONVERSATION, window, words, cw.WordCodec()
+    )
     assert fitted.dropped == dropped
     kept = [i for i in range(len(CONVERSATION)) if i not in dropped]
     assert fitted.messages == [CONVERSATION[i] for i in kept]
@@ -97,7 +103,9 @@ def test_sliding_window_that_cannot_fit_the_pinned_part_says_so() -> None:
     ),
     window=st.integers(5, 200),
 )
-def test_tool_pairs_never_split_and_the_system_prompt_stays(turns: list[tuple[int, bool, int]], window: int) -> None:
+def test_tool_pairs_never_split_and_the_system_prompt_stays(
+    turns: list[tuple[int, bool, int]], window: int
+) -> None:
     items: list[dict[str, Any]] = [{"role": "system", "content": "s " * 3}]
     for n, (user, calls, reply) in enumerate(turns):
         items.append({"role": "user", "content": "u " * user})
@@ -109,7 +117,9 @@ def test_tool_pairs_never_split_and_the_system_prompt_stays(turns: list[tuple[in
     if words(conversation) <= window:
         return
     try:
-        fitted = cw.fit_messages(ContextStrategy.sliding_window, conversation, window, words, cw.WordCodec())
+        fitted = cw.fit_messages(
+            ContextStrategy.sliding_window, conversation, window, words, cw.WordCodec()
+        )
     except ContractError:
         assert words([conversation[0], conversation[-1]]) > window
         return
@@ -124,14 +134,22 @@ def test_tool_pairs_never_split_and_the_system_prompt_stays(turns: list[tuple[in
     if fitted.dropped:
         pinned, groups = cw.turn_groups(conversation)
         last = [g for g in groups if g[0] in fitted.dropped][-1]
-        more = sorted([*pinned, *(i for g in groups if g[0] not in fitted.dropped for i in g), *last])
+        more = sorted(
+            [*pinned, *(i for g in groups if g[0] not in fitted.dropped for i in g), *last]
+        )
         assert words([conversation[i] for i in more]) > window
 
 
-@pytest.mark.parametrize("strategy", [ContextStrategy.truncate_middle, ContextStrategy.truncate_head])
-def test_truncation_cuts_the_longest_message_by_tokens_with_a_marker(strategy: ContextStrategy) -> None:
+@pytest.mark.parametrize(
+    "strategy", [ContextStrategy.truncate_middle, ContextStrategy.truncate_head]
+)
+def test_truncation_cuts_the_longest_message_by_tokens_with_a_marker(
+    strategy: ContextStrategy,
+) -> None:
     long_text = " ".join(f"w{i}" for i in range(100))
-    conversation = msgs({"role": "system", "content": "be brief"}, {"role": "user", "content": long_text})
+    conversation = msgs(
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": long_text}
+    )
     fitted = cw.fit_messages(strategy, conversation, 60, words, cw.WordCodec())
     assert words(fitted.messages) <= 60
     [cut] = fitted.truncated
@@ -161,7 +179,9 @@ def test_cut_ids_middle_and_head() -> None:
 # ---------------------------------------------------------------- through the renderer
 
 
-def envelope(body: dict[str, Any], context: dict[str, Any] | None, endpoint: str | None = None) -> RequestEnvelope:
+def envelope(
+    body: dict[str, Any], context: dict[str, Any] | None, endpoint: str | None = None
+) -> RequestEnvelope:
     data: dict[str, Any] = {"request_id": "ctx-1", "body": body, "context": context}
     if endpoint:
         data["endpoint"] = endpoint
@@ -183,7 +203,9 @@ def long_chat(turns: int, words_per: int = 40) -> list[dict[str, Any]]:
     return items
 
 
-def test_sliding_window_on_qwen3_measures_with_the_template(qwen: PromptRenderer, qwen3_tokenizer: Any) -> None:
+def test_sliding_window_on_qwen3_measures_with_the_template(
+    qwen: PromptRenderer, qwen3_tokenizer: Any
+) -> None:
     body = {"messages": long_chat(12), "max_tokens": 100}
     roomy = PromptRenderer(qwen3_tokenizer, max_model_len=100_000, served_names={"q"})
     plain = roomy.render(envelope(body, None))
@@ -214,7 +236,9 @@ def test_the_window_is_never_larger_than_the_context_minus_max_tokens(qwen: Prom
     assert unset.context.window == 2048 - min(DEFAULT_OUTPUT_RESERVE, 2048 // 4)
 
 
-def test_truncate_middle_on_qwen3_cuts_one_message_with_a_visible_marker(qwen: PromptRenderer) -> None:
+def test_truncate_middle_on_qwen3_cuts_one_message_with_a_visible_marker(
+    qwen: PromptRenderer,
+) -> None:
     document = " ".join(f"sentence {i} of the report." for i in range(800))
     body = {"messages": [{"role": "user", "content": "Summarise:\n" + document}], "max_tokens": 200}
     out = qwen.render(envelope(body, {"strategy": "truncate_middle"}))
@@ -231,16 +255,28 @@ def test_truncate_middle_on_qwen3_cuts_one_message_with_a_visible_marker(qwen: P
 
 def test_truncating_a_completions_prompt_text_and_ids(qwen: PromptRenderer) -> None:
     text = "word " * 3000
-    out = qwen.render(envelope({"prompt": text, "max_tokens": 48}, {"strategy": "truncate_head"}, "/v1/completions"))
+    out = qwen.render(
+        envelope(
+            {"prompt": text, "max_tokens": 48}, {"strategy": "truncate_head"}, "/v1/completions"
+        )
+    )
     assert out.context is not None and out.prompt_tokens <= 2000
     assert out.text.startswith("\n[... ") and out.context.truncated[0].message is None
     ids = list(range(100, 2600))
-    out = qwen.render(envelope({"prompt": ids, "max_tokens": 48}, {"strategy": "truncate_middle", "max_prompt_tokens": 1000}, "/v1/completions"))
+    out = qwen.render(
+        envelope(
+            {"prompt": ids, "max_tokens": 48},
+            {"strategy": "truncate_middle", "max_prompt_tokens": 1000},
+            "/v1/completions",
+        )
+    )
     assert out.token_ids is not None and len(out.token_ids) == 1000
     assert out.token_ids[:10] == ids[:10] and out.token_ids[-10:] == ids[-10:]
 
 
-def test_error_strategy_refuses_past_max_prompt_tokens_and_default_keeps_todays_rule(qwen: PromptRenderer) -> None:
+def test_error_strategy_refuses_past_max_prompt_tokens_and_default_keeps_todays_rule(
+    qwen: PromptRenderer,
+) -> None:
     body = {"messages": long_chat(3), "max_tokens": 10}
     with pytest.raises(ContractError) as info:
         qwen.render(envelope(body, {"strategy": "error", "max_prompt_tokens": 100}))
@@ -270,7 +306,14 @@ def test_sliding_window_is_refused_for_completions_and_bad_policies_name_the_fie
 
 def test_echo_renderer_counts_conversation_words() -> None:
     echo = PromptRenderer(None, max_model_len=100, served_names={"echo"})
-    body = {"messages": [{"role": "user", "content": "old " * 60}, {"role": "assistant", "content": "x " * 30}, {"role": "user", "content": "new words"}], "max_tokens": 10}
+    body = {
+        "messages": [
+            {"role": "user", "content": "old " * 60},
+            {"role": "assistant", "content": "x " * 30},
+            {"role": "user", "content": "new words"},
+        ],
+        "max_tokens": 10,
+    }
     out = echo.render(envelope(body, {"strategy": "sliding_window"}))
     assert out.context is not None
     assert (out.context.prompt_tokens_before, out.context.prompt_tokens_after) == (92, 2)
