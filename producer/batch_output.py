@@ -7,6 +7,8 @@ shape the OpenAI API answers errors with) and `error{code, message}`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from producer.bulk import OUTPUT_ID_PREFIX, Line
 from schemas import (
     BatchOutputError,
@@ -54,6 +56,20 @@ def _error_of(result: ResultEnvelope) -> ErrorInfo:
     return ErrorInfo(code=code, message=f"request {result.status}")
 
 
+def error_body(result: ResultEnvelope) -> dict[str, Any]:
+    """`{"error": {message, type, param, code}}`, the shape the OpenAI API answers errors
+    with, for a result that did not succeed (also `qbatch serve`'s sync answers)."""
+    err = _error_of(result)
+    return {
+        "error": {
+            "message": err.message,
+            "type": str(err.code),
+            "param": err.param,
+            "code": str(err.code),
+        }
+    }
+
+
 def output_line(result: ResultEnvelope) -> BatchOutputLine:
     """The OpenAI Batch output line for one result.
 
@@ -73,14 +89,7 @@ def output_line(result: ResultEnvelope) -> BatchOutputLine:
             context=result.context,
         )
     err = _error_of(result)
-    body = {
-        "error": {
-            "message": err.message,
-            "type": str(err.code),
-            "param": err.param,
-            "code": str(err.code),
-        }
-    }
+    body = error_body(result)
     return BatchOutputLine(
         id=OUTPUT_ID_PREFIX + rid,
         custom_id=result.custom_id,

@@ -44,6 +44,7 @@ from producer.cli_common import (
     result_exit,
     usage_error,
 )
+from producer.cli_serve import register as register_serve
 from producer.cli_summarize import register as register_summarize
 from producer.cli_tools import tools_app
 from producer.topic_results import TopicResults
@@ -59,6 +60,7 @@ app = typer.Typer(
 app.add_typer(bulk_app, name="bulk")
 app.add_typer(tools_app, name="tools")
 register_summarize(app, bulk_app)
+register_serve(app)
 
 __all__ = ["app", "default_job_id", "main"]
 

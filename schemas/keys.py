@@ -88,6 +88,24 @@ class RedisKeys:
         arguments), so only the same call reuses it."""
         return f"{self.prefix}:toolcall:{request_id}:{turn}:{fingerprint}"
 
+    def serve_batch(self, batch_id: str) -> str:
+        """Hash: one OpenAI Batch object of `qbatch serve` (its bulk job is `job(batch_id)`).
+        Kind `serve` is a fixed word, so these keys meet no other kind's."""
+        return f"{self.prefix}:serve:batch:{batch_id}"
+
+    def serve_tenant_batches(self, tenant: str) -> str:
+        """Sorted set: a tenant's batch ids by creation time (ms), for `GET /v1/batches`.
+        Tenant names hold no `:` (`producer.serve.auth`), so two tenants never share it."""
+        return f"{self.prefix}:serve:tenant:{tenant}:batches"
+
+    def serve_tenant_active(self, tenant: str) -> str:
+        """Set: a tenant's batches not in a final state (its concurrent-batch limit)."""
+        return f"{self.prefix}:serve:tenant:{tenant}:active"
+
+    def serve_active(self) -> str:
+        """Set: every batch not in a final state; the server's runner resumes these."""
+        return f"{self.prefix}:serve:active"
+
     def strikes(self, group: str) -> str:
         """Hash `{topic}/{partition}/{offset}` -> how often a worker of consumer group
         `group` stopped on a fault while handling that record (poison-pill guard)."""

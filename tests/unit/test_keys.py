@@ -39,7 +39,12 @@ def all_keys(
             ("job_stream", job, keys.job_stream(job)),
             ("job_cancel", job, keys.job_cancel(job)),
             ("strikes", job, keys.strikes(job)),
+            # qbatch serve: batch ids and tenant names come from the same id alphabet
+            ("serve_batch", job, keys.serve_batch(job)),
+            ("serve_tenant_batches", job, keys.serve_tenant_batches(job)),
+            ("serve_tenant_active", job, keys.serve_tenant_active(job)),
         ]
+    out.append(("serve_active", "", keys.serve_active()))
     return out
 
 

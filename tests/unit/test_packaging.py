@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 HEAVY = {"torch", "transformers", "jinja2", "vllm", "prometheus_client", "structlog", "tenacity"}
+SERVE = {"fastapi", "uvicorn", "starlette", "python_multipart"}
 
 
 def _name(dep: str) -> str:
@@ -80,19 +81,30 @@ LAZY_WORKER_IMPORTS = {"producer/cli_tools.py", "producer/tools/http.py"}
 worker extra inside the functions that need it, and say so when it is missing."""
 LAZY_DOCS_IMPORTS = {"producer/summarize/tokens.py"}
 """The summarisation tokenizer: the docs extra, imported where it is needed."""
+LAZY_SERVE_IMPORTS = {"producer/cli_serve.py"}
+SERVE_PACKAGE = "producer/serve/"
+"""`qbatch serve` (the serve extra): only `producer/cli_serve.py` imports it, inside the
+command, so its modules may import the serve extra at module level."""
 
 
 def test_client_and_contract_import_only_base_dependencies() -> None:
     base = _closure({_name(d) for d in PROJECT["dependencies"]})
     extra = _closure({_name(d) for d in PROJECT["optional-dependencies"]["worker"]})
     docs = {_name(d) for d in PROJECT["optional-dependencies"]["docs"]}
+    serve = _closure({_name(d) for d in PROJECT["optional-dependencies"]["serve"]})
     dists = metadata.packages_distributions()
     first_party = {"schemas", "producer", "worker", "__future__"}
     for package in ("schemas", "producer"):
         for path in (ROOT / package).rglob("*.py"):
             rel = str(path.relative_to(ROOT))
-            lazy = rel in LAZY_WORKER_IMPORTS | LAZY_DOCS_IMPORTS
+            if rel.startswith(SERVE_PACKAGE):
+                for module in _imports(path) - first_party - set(sys.stdlib_module_names):
+                    owners = {d.lower().replace("_", "-") for d in dists.get(module, [module])}
+                    assert owners & (base | serve), f"{rel} imports {module} ({owners})"
+                continue
+            lazy = rel in LAZY_WORKER_IMPORTS | LAZY_DOCS_IMPORTS | LAZY_SERVE_IMPORTS
             allowed = docs if rel in LAZY_DOCS_IMPORTS else extra
+            allowed = serve if rel in LAZY_SERVE_IMPORTS else allowed
             loaded = _imports(path, nested=not lazy)
             for module in loaded - first_party - set(sys.stdlib_module_names):
                 owners = {d.lower().replace("_", "-") for d in dists.get(module, [module])}
@@ -108,7 +120,7 @@ def test_importing_the_client_loads_nothing_heavy() -> None:
     code = (
         "import sys, schemas, producer.cli, producer.client, producer.topic_results\n"
         "import schemas.json_schema, schemas.scripts, schemas.replies\n"
-        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {HEAVY!r}))\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {HEAVY | SERVE!r}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

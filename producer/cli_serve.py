@@ -1,0 +1,117 @@
+"""`qbatch serve`: the OpenAI-compatible HTTP front (`producer.serve`), as a command.
+
+FastAPI and uvicorn are the `serve` extra: they are imported inside the command, so the
+bare `pip install qbatch` keeps working and says what to install when they are missing.
+Every option is also a `QBATCH_SERVE_*` variable; API keys come only from
+`QBATCH_API_KEYS` or `--keys-file` (never a flag: a flag shows in `ps`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from producer.cli_common import EXIT_USAGE, client_for, err, opts
+
+
+def _env(name: str) -> str:
+    return f"QBATCH_SERVE_{name}"
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option(envvar=_env("HOST"), help="Address to listen on.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(envvar=_env("PORT"), help="Port.", min=0)] = 8000,
+    storage_dir: Annotated[
+        Path,
+        typer.Option(envvar=_env("STORAGE_DIR"), help="Where uploaded and output files live."),
+    ] = Path("qbatch-files"),
+    keys_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=_env("KEYS_FILE"),
+            help="JSON/YAML file of sha256 key digests -> tenants, and per-tenant limits "
+            "(deploy/README.md, 'qbatch serve'); QBATCH_API_KEYS='key:tenant,...' adds keys.",
+        ),
+    ] = None,
+    max_upload_bytes: Annotated[
+        int, typer.Option(envvar=_env("MAX_UPLOAD_BYTES"), help="Largest upload.", min=1)
+    ] = 200 * 1024 * 1024,
+    max_concurrent_batches: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("MAX_CONCURRENT_BATCHES"), help="Batches in progress per tenant.", min=1
+        ),
+    ] = 16,
+    sync_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("SYNC_TIMEOUT_S"),
+            help="Deadline (s) of a chat/completions request whose client sends no "
+            "X-Stainless-Timeout.",
+            min=1,
+        ),
+    ] = 600.0,
+    models: Annotated[
+        str,
+        typer.Option(envvar=_env("MODELS"), help="Comma-separated names /v1/models lists."),
+    ] = "",
+    ssl_certfile: Annotated[
+        Path | None, typer.Option(envvar=_env("SSL_CERTFILE"), help="TLS certificate (PEM).")
+    ] = None,
+    ssl_keyfile: Annotated[
+        Path | None, typer.Option(envvar=_env("SSL_KEYFILE"), help="TLS private key (PEM).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(envvar=_env("LOG_LEVEL"))] = "info",
+) -> None:
+    """Serve the OpenAI Files/Batches/Chat Completions API in front of the queue."""
+    try:
+        import uvicorn
+
+        from producer.serve.app import ServeConfig, build_state, create_app
+        from producer.serve.auth import KeysError, load_keyring
+        from producer.serve.storage import LocalStorage
+    except ModuleNotFoundError as exc:
+        err.print(
+            f"[red]error:[/] qbatch serve needs the serve extra ({exc.name} is missing): "
+            "pip install 'qbatch[serve]'"
+        )
+        raise typer.Exit(EXIT_USAGE) from None
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        err.print("[red]error:[/] give both --ssl-certfile and --ssl-keyfile, or neither")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        keyring = load_keyring(os.environ.get("QBATCH_API_KEYS"), keys_file)
+    except (KeysError, OSError) as exc:
+        err.print(f"[red]error:[/] API keys: {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    config = ServeConfig(
+        max_upload_bytes=max_upload_bytes,
+        max_concurrent_batches=max_concurrent_batches,
+        sync_timeout_s=sync_timeout,
+        models=tuple(m.strip() for m in models.split(",") if m.strip()),
+    )
+    state = build_state(config, keyring, LocalStorage(storage_dir), client_for(opts(ctx)))
+    uvicorn.run(
+        create_app(state),
+        host=host,
+        port=port,
+        log_level=log_level,
+        ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+        ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add `serve` to the `qbatch` app."""
+    app.command("serve")(serve)
+
+
+__all__ = ["register"]

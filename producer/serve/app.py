@@ -1,0 +1,428 @@
+"""`qbatch serve`: the OpenAI Files, Batches, Chat Completions, Completions and Models API
+in front of the queue. The FastAPI app factory; routes stay thin and call `storage`,
+`batches`, `runner` and `sync`, which hold the logic.
+
+Every route but `/healthz` needs `Authorization: Bearer KEY` (`auth.KeyRing`); a key
+sees only its tenant's files and batches, and another tenant's id is a 404 exactly like
+an id that does not exist. Every error is OpenAI's `{"error": {message, type, param,
+code}}`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import anyio.to_thread
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from producer.client import QBatchClient
+from producer.jobs import JobStore
+from producer.serve.auth import KeyRing
+from producer.serve.batches import (
+    ENDPOINTS,
+    FINAL,
+    BatchRecord,
+    BatchStatus,
+    BatchStore,
+    batch_object,
+    new_batch_id,
+    window_seconds,
+)
+from producer.serve.errors import ApiError, not_found
+from producer.serve.runner import BatchRunner
+from producer.serve.storage import PURPOSE_BATCH, LocalStorage, UploadTooLarge, check_jsonl
+from producer.serve.sync import request_timeout, run_sync
+from producer.serve.upload import FormReceiver
+from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
+from schemas.errors import loc_to_param
+
+log = logging.getLogger("qbatch.serve")
+
+MULTIPART_SLACK = 64 * 1024
+"""Bytes a multipart body may hold beyond the file (boundaries, headers, purpose)."""
+BATCH_FIELDS = {"input_file_id", "endpoint", "completion_window", "metadata"}
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The server's limits and defaults (flags / QBATCH_SERVE_*; see `producer.cli_serve`)."""
+
+    max_upload_bytes: int = 200 * 1024 * 1024
+    max_concurrent_batches: int = 16
+    sync_timeout_s: float = 600.0
+    """A sync request's deadline when the client sends no `X-Stainless-Timeout`."""
+    max_sync_timeout_s: float = 3_600.0
+    max_sync_inflight: int = 256
+    models: tuple[str, ...] = ()
+    started: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class ServeState:
+    """Everything the routes use, built once (`build_state`)."""
+
+    config: ServeConfig
+    keyring: KeyRing
+    storage: LocalStorage
+    client: QBatchClient
+    batches: BatchStore
+    jobs: JobStore
+    runner: BatchRunner
+
+
+def build_state(
+    config: ServeConfig, keyring: KeyRing, storage: LocalStorage, client: QBatchClient
+) -> ServeState:
+    jobs = JobStore(client.redis, client.keys)
+    batches = BatchStore(client.redis, client.keys)
+    runner = BatchRunner(client, batches, jobs, storage)
+    return ServeState(config, keyring, storage, client, batches, jobs, runner)
+
+
+def tenant_of(request: Request) -> str:
+    """The tenant of the request's `Authorization: Bearer` key (401 without a good one)."""
+    header = request.headers.get("authorization")
+    if not header:
+        raise ApiError(
+            401,
+            "You didn't provide an API key: send 'Authorization: Bearer YOUR_KEY'.",
+            code="missing_api_key",
+        )
+    scheme, _, key = header.partition(" ")
+    tenant = (
+        request.app.state.serve.keyring.tenant_for(key.strip())
+        if scheme.lower() == "bearer"
+        else None
+    )
+    if tenant is None:
+        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+    return tenant
+
+
+Tenant = Annotated[str, Depends(tenant_of)]
+
+
+def _json_error(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
+    """The ASGI app. `run_batches`: start the batch runner with the app (and resume every
+    batch not in a final state)."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = max(
+            40, state.config.max_sync_inflight
+        )
+        if run_batches:
+            state.runner.start()
+        try:
+            yield
+        finally:
+            state.runner.stop()
+            state.client.close(timeout=5)
+
+    app = FastAPI(title="qbatch serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.serve = state
+    cfg = state.config
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return _json_error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = tuple(x for x in first.get("loc", ()) if x not in ("query", "path", "body"))
+        param = loc_to_param(loc) or None
+        message = f"{param}: {first.get('msg', 'invalid')}" if param else "invalid request"
+        return _json_error(ApiError(400, message, code="invalid_request", param=param))
+
+    @app.exception_handler(HTTPException)
+    async def _http(_request: Request, exc: HTTPException) -> JSONResponse:
+        return _json_error(ApiError(exc.status_code, str(exc.detail), code=None))
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("serve: internal error: %s", type(exc).__name__, exc_info=exc)
+        return _json_error(ApiError(500, "internal error", code="internal_error"))
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"ok": True}
+
+    # ------------------------------------------------------------ files
+
+    @app.post("/v1/files")
+    async def create_file(request: Request, tenant: Tenant) -> dict[str, Any]:
+        limit = state.keyring.limits_for(tenant).max_upload_bytes or cfg.max_upload_bytes
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit + MULTIPART_SLACK:
+            raise _too_large(limit)
+        receiver = FormReceiver(request.headers.get("content-type", ""), state.storage, limit)
+        try:
+            async for chunk in request.stream():
+                receiver.feed(chunk)
+            receiver.finish()
+            upload, purpose = receiver.upload, receiver.fields.get("purpose")
+            if purpose != PURPOSE_BATCH:
+                raise ApiError(
+                    400,
+                    f"purpose must be 'batch' (the only purpose qbatch serves), got {purpose!r}",
+                    code="invalid_purpose",
+                    param="purpose",
+                )
+            if upload is None:
+                raise ApiError(
+                    400, "the form has no 'file' part", code="missing_file", param="file"
+                )
+            upload.close()
+            problem = await run_in_threadpool(check_jsonl, upload.path)
+            if problem:
+                raise ApiError(
+                    400,
+                    f"Invalid file format for Batch API: must be JSONL; {problem}",
+                    code="invalid_file_format",
+                    param="file",
+                )
+            stored = state.storage.commit(
+                upload, tenant=tenant, filename=receiver.filename or "", purpose=purpose
+            )
+        except UploadTooLarge:
+            receiver.discard()
+            raise _too_large(limit) from None
+        except BaseException:
+            receiver.discard()
+            raise
+        return stored.openai()
+
+    @app.get("/v1/files")
+    def list_files(
+        tenant: Tenant,
+        purpose: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+        order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        files, more = state.storage.list(
+            tenant, purpose=purpose, after=after, limit=limit, order=order
+        )
+        return _page([f.openai() for f in files], more)
+
+    def own_file(file_id: str, tenant: str) -> Any:
+        stored = state.storage.get(file_id, tenant)
+        if stored is None:
+            raise not_found("File", file_id)
+        return stored
+
+    @app.get("/v1/files/{file_id}")
+    def retrieve_file(file_id: str, tenant: Tenant) -> dict[str, Any]:
+        return dict(own_file(file_id, tenant).openai())
+
+    @app.get("/v1/files/{file_id}/content")
+    def file_content(file_id: str, tenant: Tenant) -> StreamingResponse:
+        stored = own_file(file_id, tenant)
+        return StreamingResponse(
+            state.storage.iter_bytes(stored), media_type="application/octet-stream"
+        )
+
+    @app.delete("/v1/files/{file_id}")
+    def delete_file(file_id: str, tenant: Tenant) -> dict[str, Any]:
+        if not state.storage.delete(file_id, tenant):
+            raise not_found("File", file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    # ------------------------------------------------------------ batches
+
+    @app.post("/v1/batches")
+    async def create_batch(request: Request, tenant: Tenant) -> dict[str, Any]:
+        body = await _json_body(request)
+        record = _new_record(state, tenant, body)
+        max_active = (
+            state.keyring.limits_for(tenant).max_concurrent_batches or cfg.max_concurrent_batches
+        )
+        if not await run_in_threadpool(state.batches.create, record, max_active):
+            raise ApiError(
+                429,
+                f"this key's tenant already has {max_active} batches in progress (the limit); "
+                "wait for one to finish",
+                code="batch_limit_reached",
+            )
+        state.runner.wake()
+        return batch_object(record, None)
+
+    def own_batch(batch_id: str, tenant: str) -> BatchRecord:
+        record = state.batches.get(batch_id, tenant)
+        if record is None:
+            raise not_found("Batch", batch_id)
+        return record
+
+    def present(record: BatchRecord) -> dict[str, Any]:
+        view = None if record.final_counts is not None else state.jobs.view(record.id)
+        return batch_object(record, view)
+
+    @app.get("/v1/batches/{batch_id}")
+    def retrieve_batch(batch_id: str, tenant: Tenant) -> dict[str, Any]:
+        return present(own_batch(batch_id, tenant))
+
+    @app.get("/v1/batches")
+    def list_batches(
+        tenant: Tenant,
+        after: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    ) -> dict[str, Any]:
+        records, more = state.batches.list(tenant, after=after, limit=limit)
+        return _page([present(r) for r in records], more)
+
+    @app.post("/v1/batches/{batch_id}/cancel")
+    def cancel_batch(batch_id: str, tenant: Tenant) -> dict[str, Any]:
+        record = own_batch(batch_id, tenant)
+        if record.status in FINAL or record.status == BatchStatus.finalizing:
+            raise ApiError(
+                409,
+                f"batch {batch_id} is {record.status}: it can no longer be cancelled",
+                code="batch_not_cancellable",
+            )
+        state.batches.transition(
+            batch_id,
+            (BatchStatus.validating, BatchStatus.in_progress),
+            status=BatchStatus.cancelling,
+            cancelling_at=int(time.time()),
+        )
+        state.jobs.cancel(batch_id)  # workers answer the job's unstarted lines `cancelled`
+        state.runner.wake()
+        return present(own_batch(batch_id, tenant))
+
+    # ------------------------------------------------------------ sync + models
+
+    async def sync(request: Request, tenant: str, endpoint: str) -> JSONResponse:
+        body = await _json_body(request)
+        timeout = request_timeout(request.headers, cfg.sync_timeout_s, cfg.max_sync_timeout_s)
+        status, payload = await run_in_threadpool(
+            run_sync, state.client, body, endpoint, timeout, tenant
+        )
+        return JSONResponse(payload, status_code=status)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, tenant: Tenant) -> JSONResponse:
+        return await sync(request, tenant, CHAT_ENDPOINT)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, tenant: Tenant) -> JSONResponse:
+        return await sync(request, tenant, COMPLETIONS_ENDPOINT)
+
+    def model_object(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": cfg.started, "owned_by": "qbatch"}
+
+    @app.get("/v1/models")
+    def list_models(tenant: Tenant) -> dict[str, Any]:
+        return {"object": "list", "data": [model_object(m) for m in cfg.models]}
+
+    @app.get("/v1/models/{model:path}")
+    def retrieve_model(model: str, tenant: Tenant) -> dict[str, Any]:
+        if model not in cfg.models:
+            raise not_found("Model", model)
+        return model_object(model)
+
+    return app
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        f"File is too large: the limit for this key's tenant is {limit} bytes",
+        code="file_too_large",
+        param="file",
+    )
+
+
+def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError:
+        raise ApiError(400, "the request body is not JSON", code="invalid_json") from None
+
+
+def _new_record(state: ServeState, tenant: str, body: Any) -> BatchRecord:
+    """Check a create-batch body (each refusal names its field) and build the record."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_request")
+    unknown = sorted(set(body) - BATCH_FIELDS)
+    if unknown:
+        raise ApiError(
+            400, f"unknown field {unknown[0]!r}", code="unknown_parameter", param=unknown[0]
+        )
+    for name in ("input_file_id", "endpoint", "completion_window"):
+        if not isinstance(body.get(name), str):
+            raise ApiError(
+                400, f"{name} is required (a string)", code="invalid_request", param=name
+            )
+    endpoint = body["endpoint"]
+    if endpoint not in ENDPOINTS:
+        raise ApiError(
+            400,
+            f"endpoint {endpoint!r} is not served by qbatch; use one of {', '.join(ENDPOINTS)}",
+            code="invalid_endpoint",
+            param="endpoint",
+        )
+    try:
+        window = window_seconds(body["completion_window"])
+    except ValueError as exc:
+        raise ApiError(400, str(exc), code="invalid_request", param="completion_window") from None
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, dict)
+        and len(metadata) <= 16
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise ApiError(
+            400,
+            "metadata must be at most 16 string keys with string values",
+            code="invalid_request",
+            param="metadata",
+        )
+    stored = state.storage.get(body["input_file_id"], tenant)
+    if stored is None:
+        raise not_found("File", body["input_file_id"])
+    if stored.purpose != PURPOSE_BATCH:
+        raise ApiError(
+            400,
+            f"file {stored.id} has purpose {stored.purpose!r}; a batch needs a 'batch' file",
+            code="invalid_input_file",
+            param="input_file_id",
+        )
+    now = int(time.time())
+    return BatchRecord(
+        id=new_batch_id(),
+        tenant=tenant,
+        endpoint=endpoint,
+        input_file_id=stored.id,
+        completion_window=body["completion_window"],
+        status=BatchStatus.validating,
+        created_at=now,
+        expires_at=now + window,
+        metadata=metadata,
+    )
+
+
+__all__ = ["ServeConfig", "ServeState", "build_state", "create_app"]

@@ -1,0 +1,335 @@
+"""OpenAI Batch objects <-> qbatch bulk jobs: the record kept in Redis, the object the API
+answers, and the validation of a batch's input file.
+
+A batch **is** a bulk job: its job id is the batch id, so `qbatch bulk status batch_...`
+shows it, and the job's counters are the batch's live `request_counts`. What the job does
+not know (tenant, input file, endpoint, window, metadata, lifecycle timestamps, output
+files) lives in the hash `{prefix}:serve:batch:{id}`; a tenant's batches are listed from
+the sorted set `{prefix}:serve:tenant:{tenant}:batches`; batches not in a final state are
+in `{prefix}:serve:active` (the runner resumes them after a restart) and in the tenant's
+active set (its concurrent-batch limit). Every key comes from `schemas.keys.RedisKeys`.
+
+Status lifecycle (OpenAI's): validating -> failed (a bad file) | in_progress ->
+finalizing -> completed | expired; cancel: (validating | in_progress) -> cancelling ->
+cancelled. The pure parts (record <-> hash, the object, file validation) are unit-tested
+without Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from typing import Any
+
+import redis
+
+from producer.bulk import Defaults, InputFormat, Scan, scan_lines
+from producer.job_view import JobView
+from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, RedisKeys
+
+ENDPOINTS = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT)
+MAX_ERRORS = 1_000
+"""At most this many per-line errors are kept on a failed batch (the rest are counted)."""
+MAX_WINDOW_HOURS = 168
+BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
+
+
+class BatchStatus(StrEnum):
+    validating = "validating"
+    failed = "failed"
+    in_progress = "in_progress"
+    finalizing = "finalizing"
+    completed = "completed"
+    expired = "expired"
+    cancelling = "cancelling"
+    cancelled = "cancelled"
+
+
+FINAL = frozenset(
+    {BatchStatus.failed, BatchStatus.completed, BatchStatus.expired, BatchStatus.cancelled}
+)
+
+
+def new_batch_id() -> str:
+    return f"batch_{uuid.uuid4().hex}"
+
+
+def window_seconds(window: str) -> int:
+    """`completion_window` in seconds: `{N}h`, 1 <= N <= 168 (OpenAI accepts only `24h`;
+    qbatch also takes other hour counts). ValueError otherwise."""
+    match = re.fullmatch(r"([0-9]{1,3})h", window)
+    if match is None or not 1 <= int(match.group(1)) <= MAX_WINDOW_HOURS:
+        raise ValueError(f"completion_window must be '24h' (or 1h-{MAX_WINDOW_HOURS}h)")
+    return int(match.group(1)) * 3600
+
+
+_JSON_FIELDS = ("metadata", "errors", "final_counts")
+
+
+@dataclass(slots=True)
+class BatchRecord:
+    """What `{prefix}:serve:batch:{id}` holds. Times are epoch seconds, as OpenAI's."""
+
+    id: str
+    tenant: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: str
+    created_at: int
+    expires_at: int
+    metadata: dict[str, str] | None = None
+    errors: list[dict[str, Any]] | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    final_counts: dict[str, int] | None = None
+    """request_counts frozen when the batch ends (the job hash expires after a week)."""
+    ending: str | None = None
+    """The final status finalizing leads to (`completed`, `cancelled` or `expired`)."""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_hash(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "extra" and value is not None:
+                out[f.name] = _encode(f.name, value)
+        return out
+
+    @classmethod
+    def from_hash(cls, h: Mapping[Any, Any]) -> BatchRecord:
+        data = {_s(k): _s(v) for k, v in h.items()}
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name == "extra" or f.name not in data:
+                continue
+            raw = data.pop(f.name)
+            if f.name in _JSON_FIELDS:
+                kwargs[f.name] = json.loads(raw)
+            elif f.name.endswith("_at"):
+                kwargs[f.name] = int(raw)
+            else:
+                kwargs[f.name] = raw
+        return cls(**kwargs, extra=data)
+
+
+def _encode(name: str, value: Any) -> str:
+    return json.dumps(value) if name in _JSON_FIELDS else str(value)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def request_counts(record: BatchRecord, view: JobView | None) -> dict[str, int]:
+    """OpenAI's `{total, completed, failed}`: live from the job's counters; `failed`
+    counts every line that did not succeed (failed, expired, cancelled)."""
+    if record.final_counts is not None:
+        return dict(record.final_counts)
+    if view is None:
+        return {"total": 0, "completed": 0, "failed": 0}
+    return {"total": view.total, "completed": view.succeeded, "failed": view.unsuccessful}
+
+
+def batch_object(record: BatchRecord, view: JobView | None) -> dict[str, Any]:
+    """The OpenAI Batch object of a record (and its job's counters, when it has a job)."""
+    errors = None
+    if record.errors:
+        errors = {"object": "list", "data": record.errors}
+    return {
+        "id": record.id,
+        "object": "batch",
+        "endpoint": record.endpoint,
+        "errors": errors,
+        "input_file_id": record.input_file_id,
+        "completion_window": record.completion_window,
+        "status": record.status,
+        "output_file_id": record.output_file_id,
+        "error_file_id": record.error_file_id,
+        "created_at": record.created_at,
+        "in_progress_at": record.in_progress_at,
+        "expires_at": record.expires_at,
+        "finalizing_at": record.finalizing_at,
+        "completed_at": record.completed_at,
+        "failed_at": record.failed_at,
+        "expired_at": record.expired_at,
+        "cancelling_at": record.cancelling_at,
+        "cancelled_at": record.cancelled_at,
+        "request_counts": request_counts(record, view),
+        "metadata": record.metadata,
+    }
+
+
+# ---------------------------------------------------------------- input validation
+
+
+def _error(code: str, line: int | None, message: str, param: str | None) -> dict[str, Any]:
+    return {"code": code, "line": line, "message": message, "param": param}
+
+
+def validate_input(
+    texts: Iterable[str], batch_id: str, endpoint: str, defaults: Defaults | None = None
+) -> tuple[Scan, list[dict[str, Any]]]:
+    """Scan a batch's input file with the bulk jobs' own line validation; returns the
+    scan and OpenAI's per-line errors (`{code, line, message, param}`), empty when every
+    line is good. As OpenAI does, one bad line fails the whole batch (nothing is run):
+    bad JSON, an unknown `url` (endpoint), a `url` other than the batch's endpoint, a
+    body the contract refuses (naming the field), a repeated `custom_id`."""
+    scan = scan_lines(texts, batch_id, defaults=defaults)
+    errors: list[dict[str, Any]] = []
+    if scan.format is InputFormat.native:
+        errors.append(
+            _error(
+                "invalid_request",
+                scan.lines[0].line,
+                "not an OpenAI Batch input line (expected custom_id, method, url, body)",
+                None,
+            )
+        )
+    for line in scan.lines:
+        if line.error is not None:
+            message = line.error.message
+            param = None if line.error.param == "(line)" else line.error.param
+            duplicate = line.error.param == "custom_id" and "duplicate custom_id" in message
+            code = "duplicate_custom_id" if duplicate else str(line.error.code)
+            errors.append(_error(code, line.line, message, param))
+        elif line.envelope is not None and line.envelope.endpoint != endpoint:
+            errors.append(
+                _error(
+                    "mismatched_endpoint",
+                    line.line,
+                    f"url {line.envelope.endpoint!r} is not the batch's endpoint {endpoint!r}",
+                    "url",
+                )
+            )
+    if not scan.lines:
+        errors.append(_error("empty_file", None, "the input file holds no requests", None))
+    if len(errors) > MAX_ERRORS:
+        more = len(errors) - MAX_ERRORS
+        errors = errors[:MAX_ERRORS]
+        errors.append(_error("too_many_errors", None, f"{more} more bad lines not listed", None))
+    return scan, errors
+
+
+# ---------------------------------------------------------------- Redis
+
+
+class BatchStore:
+    """Batch records in Redis, under the connection's prefix."""
+
+    def __init__(self, redis_client: Any, keys: RedisKeys) -> None:
+        self.redis = redis_client
+        self.keys = keys
+
+    def create(self, record: BatchRecord, max_active: int) -> bool:
+        """Store a new batch unless its tenant already has `max_active` batches running
+        (False). Check and insert are one transaction (WATCH), so concurrent creates
+        cannot overshoot the limit."""
+        active = self.keys.serve_tenant_active(record.tenant)
+        with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(active)
+                    if pipe.scard(active) >= max_active:
+                        pipe.unwatch()
+                        return False
+                    pipe.multi()
+                    pipe.hset(self.keys.serve_batch(record.id), mapping=record.to_hash())
+                    pipe.zadd(
+                        self.keys.serve_tenant_batches(record.tenant),
+                        {record.id: int(time.time() * 1000)},
+                    )
+                    pipe.sadd(active, record.id)
+                    pipe.sadd(self.keys.serve_active(), record.id)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
+
+    def load(self, batch_id: str) -> BatchRecord | None:
+        if not BATCH_ID.match(batch_id):
+            return None
+        h = self.redis.hgetall(self.keys.serve_batch(batch_id))
+        return BatchRecord.from_hash(h) if h else None
+
+    def get(self, batch_id: str, tenant: str) -> BatchRecord | None:
+        """The batch if it exists and is `tenant`'s (else None: 404 either way)."""
+        record = self.load(batch_id)
+        return record if record is not None and record.tenant == tenant else None
+
+    def update(self, batch_id: str, **values: Any) -> None:
+        mapping = {k: _encode(k, v) for k, v in values.items() if v is not None}
+        if mapping:
+            self.redis.hset(self.keys.serve_batch(batch_id), mapping=mapping)
+
+    def transition(self, batch_id: str, allowed: Iterable[str], **values: Any) -> bool:
+        """Write `values` only if the batch's status is one of `allowed` (compare-and-set,
+        WATCH): the API's cancel and the runner's steps never overwrite each other."""
+        key = self.keys.serve_batch(batch_id)
+        mapping = {k: _encode(k, v) for k, v in values.items() if v is not None}
+        allowed = set(allowed)
+        with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    status = pipe.hget(key, "status")
+                    if status is None or _s(status) not in allowed:
+                        pipe.unwatch()
+                        return False
+                    pipe.multi()
+                    pipe.hset(key, mapping=mapping)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
+
+    def finish(self, record: BatchRecord, **values: Any) -> None:
+        """Write the final fields and take the batch off the active sets."""
+        self.update(record.id, **values)
+        self.redis.srem(self.keys.serve_tenant_active(record.tenant), record.id)
+        self.redis.srem(self.keys.serve_active(), record.id)
+
+    def active_ids(self) -> list[str]:
+        return sorted(_s(x) for x in self.redis.smembers(self.keys.serve_active()))
+
+    def list(
+        self, tenant: str, *, after: str | None = None, limit: int = 20
+    ) -> tuple[list[BatchRecord], bool]:
+        """Newest first, after the batch id `after` (OpenAI's cursor); (page, has_more)."""
+        index = self.keys.serve_tenant_batches(tenant)
+        start = 0
+        if after is not None:
+            rank = self.redis.zrevrank(index, after)
+            if rank is None:
+                return [], False
+            start = rank + 1
+        ids = [_s(x) for x in self.redis.zrevrange(index, start, start + limit)]
+        records = [r for r in (self.load(i) for i in ids[:limit]) if r is not None]
+        return records, len(ids) > limit
+
+
+__all__ = [
+    "BATCH_ID",
+    "ENDPOINTS",
+    "FINAL",
+    "BatchRecord",
+    "BatchStatus",
+    "BatchStore",
+    "batch_object",
+    "new_batch_id",
+    "request_counts",
+    "validate_input",
+    "window_seconds",
+]

@@ -1,0 +1,311 @@
+"""The thread inside `qbatch serve` that drives batches through OpenAI's lifecycle.
+
+Every `interval_s` (and at once when the API creates or cancels a batch) it takes each
+batch of `{prefix}:serve:active` one step further:
+
+* `validating`: read the input file from storage and validate every line with the bulk
+  jobs' own validator. Any bad line fails the whole batch with `errors.data[{code, line,
+  message, param}]` and nothing is sent: that is what OpenAI does (its validation step
+  rejects a file before any request runs), so a script written for OpenAI sees the same.
+  Good: `in_progress`.
+* `in_progress` / `cancelling`: submit the file as bulk job `batch_id` on the bulk lane
+  (`producer.jobs.submit_job`; every line gets `deadline` = the batch's `expires_at`, so
+  a line still queued when the window closes is `expired` without running). When the
+  window closes early the job is cancelled. When the job is final: `finalizing`.
+* `finalizing`: collect the job (`producer.collect.collect_job`) into an output file
+  (successes) and an error file (the rest) in OpenAI's Batch output format, store both,
+  and end `completed`, `cancelled` or `expired`.
+
+Why this survives a kill -9 of the server at any point: state is in Redis (the batch
+hash, the job hash) and files are in storage; each step is safe to redo. A submission
+resumes from the job's `submitted` count (at most one chunk is published again, and the
+worker writes each request's result once); collecting re-reads the job stream from the
+start; output files get ids derived from the batch id, so a redone finalize rewrites the
+same files. One server (runner) per Redis prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from producer.bulk import Defaults, Scan
+from producer.client import QBatchClient
+from producer.collect import collect_job
+from producer.job_view import TERMINAL
+from producer.jobs import DEFAULT_CHUNK, JobStore, file_sha256, submit_job
+from producer.serve.batches import (
+    FINAL,
+    BatchRecord,
+    BatchStatus,
+    BatchStore,
+    validate_input,
+)
+from producer.serve.storage import PURPOSE_OUTPUT, LocalStorage
+from schemas import JobStatus, Status
+from schemas.settings import BULK
+
+log = logging.getLogger("qbatch.serve")
+
+DRIVEN = (BatchStatus.in_progress, BatchStatus.cancelling)
+
+
+def output_file_id(batch_id: str, kind: str) -> str:
+    """The id of a batch's output (`kind` output) or error file: derived, so a finalize
+    redone after a restart rewrites the same file."""
+    return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:32]
+
+
+class BatchRunner:
+    """Background driver of every active batch (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: QBatchClient,
+        batches: BatchStore,
+        jobs: JobStore,
+        storage: LocalStorage,
+        *,
+        interval_s: float = 0.5,
+        chunk: int = DEFAULT_CHUNK,
+    ) -> None:
+        self.client = client
+        self.batches = batches
+        self.jobs = jobs
+        self.storage = storage
+        self.interval_s = interval_s
+        self.chunk = chunk
+        self._scans: dict[str, tuple[Scan, str]] = {}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ thread
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="qbatch-serve-runner", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """Look at the active batches now (after a create or a cancel)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+
+    def tick(self) -> None:
+        """One pass over the active batches; a failing batch is logged, others go on."""
+        try:
+            ids = self.batches.active_ids()
+        except Exception:
+            log.exception("serve runner: cannot list active batches")
+            return
+        for batch_id in ids:
+            if self._stop.is_set():
+                return
+            try:
+                self.advance(batch_id)
+            except Exception:
+                log.exception("serve runner: batch %s: step failed; retrying next tick", batch_id)
+
+    # ------------------------------------------------------------ steps
+
+    def advance(self, batch_id: str) -> None:
+        record = self.batches.load(batch_id)
+        if record is None:
+            self.batches.redis.srem(self.batches.keys.serve_active(), batch_id)
+            return
+        if record.status in FINAL:
+            self.batches.finish(record)
+        elif record.status == BatchStatus.validating:
+            self._validate(record)
+        elif record.status in DRIVEN:
+            self._drive(record)
+        elif record.status == BatchStatus.finalizing:
+            self._finalize(record)
+
+    def _fail(self, record: BatchRecord, code: str, message: str) -> None:
+        error = {"code": code, "line": None, "message": message, "param": None}
+        if self.batches.transition(
+            record.id,
+            (BatchStatus.validating, *DRIVEN),
+            status=BatchStatus.failed,
+            failed_at=int(time.time()),
+            errors=[error],
+        ):
+            self.batches.finish(record)
+
+    def _scan(self, record: BatchRecord) -> tuple[Scan, str, list[dict[str, Any]]] | None:
+        """The validated input (scan, sha256, errors), or None when the file is gone."""
+        cached = self._scans.get(record.id)
+        if cached is not None:
+            return cached[0], cached[1], []
+        stored = self.storage.get(record.input_file_id, record.tenant)
+        if stored is None:
+            return None
+        path = self.storage.path(stored)
+        deadline = datetime.fromtimestamp(record.expires_at, UTC)
+        with path.open("r", encoding="utf-8", errors="replace", newline="") as fh:
+            texts = fh.read().splitlines()
+        scan, errors = validate_input(
+            texts, record.id, record.endpoint, Defaults(deadline=deadline)
+        )
+        sha = file_sha256(path)
+        if not errors:
+            self._scans[record.id] = (scan, sha)
+        return scan, sha, errors
+
+    def _validate(self, record: BatchRecord) -> None:
+        found = self._scan(record)
+        if found is None:
+            self._fail(record, "invalid_file", f"input file {record.input_file_id} not found")
+            return
+        _scan, _sha, errors = found
+        if errors:
+            if self.batches.transition(
+                record.id,
+                (BatchStatus.validating,),
+                status=BatchStatus.failed,
+                failed_at=int(time.time()),
+                errors=errors,
+            ):
+                self.batches.finish(record)
+            return
+        if self.batches.transition(
+            record.id,
+            (BatchStatus.validating,),
+            status=BatchStatus.in_progress,
+            in_progress_at=int(time.time()),
+        ):
+            record.status = BatchStatus.in_progress
+            self._drive(record)
+        else:  # cancelled while validating: the next tick sees `cancelling`
+            self.wake()
+
+    def _drive(self, record: BatchRecord) -> None:
+        view = self.jobs.view(record.id)
+        if view is None and record.status == BatchStatus.cancelling:
+            self._end_unsubmitted(record)
+            return
+        unsent = (
+            view is None
+            or view.status == JobStatus.submitting
+            or (view.status == JobStatus.cancelling and view.submitted < view.total)
+        )
+        if unsent:
+            found = self._scan(record)
+            if found is None or found[2]:
+                self._fail(
+                    record, "invalid_file", f"input file {record.input_file_id} changed or gone"
+                )
+                return
+            scan, sha, _errors = found
+            submit_job(
+                self.client,
+                self.jobs,
+                record.id,
+                scan,
+                input_path=f"serve:{record.input_file_id}",
+                sha=sha,
+                chunk=self.chunk,
+                lane=BULK,
+            )
+            view = self.jobs.view(record.id)
+        if view is None:
+            return
+        if record.status == BatchStatus.cancelling and view.status == JobStatus.running:
+            self.jobs.cancel(record.id)  # the API's cancel came before the job existed
+        if view.status not in TERMINAL and time.time() >= record.expires_at and not record.ending:
+            self.batches.update(record.id, ending=BatchStatus.expired)
+            self.jobs.cancel(record.id)  # lines still queued end `cancelled`/`expired`
+            return
+        if view.status in TERMINAL:
+            ending = record.ending or (
+                BatchStatus.cancelled
+                if record.status == BatchStatus.cancelling
+                else BatchStatus.completed
+            )
+            if self.batches.transition(
+                record.id,
+                DRIVEN,
+                status=BatchStatus.finalizing,
+                finalizing_at=int(time.time()),
+                ending=ending,
+            ):
+                self._scans.pop(record.id, None)
+                fresh = self.batches.load(record.id)
+                if fresh is not None:
+                    self._finalize(fresh)
+
+    def _end_unsubmitted(self, record: BatchRecord) -> None:
+        """Cancelled before its job began: nothing ran, nothing to collect."""
+        if self.batches.transition(
+            record.id,
+            (BatchStatus.cancelling,),
+            status=BatchStatus.cancelled,
+            cancelled_at=int(time.time()),
+            final_counts={"total": 0, "completed": 0, "failed": 0},
+        ):
+            self._scans.pop(record.id, None)
+            self.batches.finish(record)
+
+    def _finalize(self, record: BatchRecord) -> None:
+        out = self.storage.tmp / f"{record.id}.output.jsonl"
+        errors = self.storage.tmp / f"{record.id}.errors.jsonl"
+        try:
+            report = collect_job(self.jobs, record.id, out, errors=errors, timeout=60)
+            if not report.complete and report.status not in TERMINAL:
+                return  # not everything is in yet: the next tick collects again
+            succeeded = report.counts.get(Status.succeeded, 0)
+            unsuccessful = report.written - succeeded
+            out_id = self._store(record, out, "output", succeeded)
+            err_id = self._store(record, errors, "error", unsuccessful)
+        finally:
+            for path in (out, errors):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        ending = record.ending or BatchStatus.completed
+        counts = {"total": report.total, "completed": succeeded, "failed": report.total - succeeded}
+        if self.batches.transition(
+            record.id,
+            (BatchStatus.finalizing,),
+            status=ending,
+            output_file_id=out_id,
+            error_file_id=err_id,
+            final_counts=counts,
+            **{f"{ending}_at": int(time.time())},
+        ):
+            self.batches.finish(record)
+            log.info("serve: batch %s %s (%s)", record.id, ending, counts)
+
+    def _store(self, record: BatchRecord, path: Path, kind: str, lines: int) -> str | None:
+        """Put one collected file in storage (None when it would hold no line, as
+        OpenAI leaves `output_file_id` / `error_file_id` null then)."""
+        if lines <= 0:
+            return None
+        stored = self.storage.put(
+            path,
+            tenant=record.tenant,
+            filename=f"{record.id}_{kind}.jsonl",
+            purpose=PURPOSE_OUTPUT,
+            file_id=output_file_id(record.id, kind),
+        )
+        return stored.id
+
+
+__all__ = ["BatchRunner", "output_file_id"]

@@ -1,0 +1,83 @@
+"""`POST /v1/chat/completions` and `/v1/completions` of `qbatch serve`: one request through
+the queue, answered like OpenAI's endpoint. No web framework here (unit-testable).
+
+The request goes on the **interactive** lane (ahead of every bulk job) with `deadline` =
+now + the client's own timeout: the `openai` SDK sends that timeout in the
+`X-Stainless-Timeout` header (default 600 s), so a request whose caller has given up is
+answered `expired` by the worker instead of using a GPU for nobody. The server waits on
+the result key (the client's BLPOP wake-up), then answers the ChatCompletion/Completion
+object, or the result's error with the status `qbatch bulk` output lines use
+(`producer.batch_output.status_code`: 400 for a bad request or unknown model, 408 for a
+deadline, 500 for an engine error, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import redis
+from kafka.errors import KafkaError
+
+from producer.batch_output import error_body, status_code
+from producer.client import PublishError, QBatchClient, now_utc
+from producer.serve.errors import ApiError, openai_param
+from schemas import ContractError, Status
+
+TIMEOUT_HEADER = "x-stainless-timeout"
+GRACE_S = 2.0
+"""Waited past the deadline, so a request that expired unstarted gets its `expired`
+result (a 408) rather than a bare timeout."""
+
+
+def request_timeout(headers: Mapping[str, str], default: float, maximum: float) -> float:
+    """The caller's timeout in seconds (`X-Stainless-Timeout`, else `default`), capped."""
+    raw = headers.get(TIMEOUT_HEADER)
+    try:
+        value = float(raw) if raw is not None else default
+    except ValueError:
+        value = default
+    if not math.isfinite(value) or value <= 0:
+        value = default
+    return min(value, maximum)
+
+
+def run_sync(
+    client: QBatchClient, body: Any, endpoint: str, timeout: float, tenant: str
+) -> tuple[int, dict[str, Any]]:
+    """Submit one body, wait for its result: (HTTP status, JSON body). ApiError for what
+    is refused before it is queued (stream, a body the contract refuses, no Kafka)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_request")
+    if body.get("stream"):
+        raise ApiError(
+            400,
+            "stream: true is not supported by qbatch serve (answers come whole from the "
+            "queue); leave stream out or set it to false",
+            code="unsupported_parameter",
+            param="stream",
+        )
+    deadline = now_utc() + timedelta(seconds=timeout)
+    try:
+        rid = client.submit(
+            body, endpoint=endpoint, lane=None, deadline=deadline, metadata={"tenant": tenant}
+        )
+        result = client.wait(rid, timeout=timeout + GRACE_S)
+    except ContractError as exc:
+        raise ApiError(
+            400, exc.message, code=str(exc.code), param=openai_param(exc.param)
+        ) from None
+    except (PublishError, KafkaError, redis.exceptions.RedisError) as exc:
+        raise ApiError(
+            503, f"the queue is unavailable ({type(exc).__name__})", code="queue_unavailable"
+        ) from None
+    if result is None:
+        raise ApiError(504, f"no answer within {timeout:g} s", code="timeout")
+    if result.status is Status.succeeded and result.response is not None:
+        return 200, result.response.model_dump(mode="json")
+    return status_code(result), error_body(result)
+
+
+__all__ = ["GRACE_S", "TIMEOUT_HEADER", "request_timeout", "run_sync"]
