@@ -136,18 +136,19 @@ class Timings(ResultModel):
         dispatched: int | None,
         finished: int | None,
     ) -> Timings:
-        def span(a: int | None, b: int | None) -> float | None:
-            return float(b - a) if a is not None and b is not None else None
-
         return cls(
             submitted=submitted,
             dequeued=dequeued,
             dispatched=dispatched,
             finished=finished,
-            queue_ms=span(submitted, dequeued),
-            batch_wait_ms=span(dequeued, dispatched),
-            inference_ms=span(dispatched, finished),
+            queue_ms=_span(submitted, dequeued),
+            batch_wait_ms=_span(dequeued, dispatched),
+            inference_ms=_span(dispatched, finished),
         )
+
+
+def _span(a: int | None, b: int | None) -> float | None:
+    return float(b - a) if a is not None and b is not None else None
 
 
 class WorkerInfo(ResultModel):
@@ -196,14 +197,15 @@ class ResultEnvelope(ResultModel):
     ) -> ResultEnvelope:
         """The one way a result is made, for every outcome, by worker and producer alike: it
         echoes the request's id, job, custom_id and metadata, so no outcome loses its job."""
-        ref = request if isinstance(request, RequestRef) else RequestRef.of(request)
+        # A RequestEnvelope and a RequestRef both carry the four echoed fields (no RequestRef
+        # is built for the common case: this runs once per result).
         if status is not Status.succeeded and error is None:
             raise ValueError(f"a {status} result needs an error")
         return cls(
-            request_id=ref.request_id,
-            job_id=ref.job_id,
-            custom_id=ref.custom_id,
-            metadata=ref.metadata,
+            request_id=request.request_id,
+            job_id=request.job_id,
+            custom_id=request.custom_id,
+            metadata=request.metadata,
             status=status,
             response=response,
             error=error,
