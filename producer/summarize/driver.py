@@ -1,14 +1,17 @@
 """A summarisation job as rounds of resumable bulk jobs. I/O.
 
-Round n is bulk job `{job}.L{n}`: the next pass of every document still in progress
-(normally level n of every document). Its input, `L{n}.jsonl` in the work directory, is
-generated once from the round's rows in `state.db` (temp file, fsync, rename; a re-run
-reuses it), and submitted with `producer.jobs.submit_job`, which resumes from the job's
-`submitted` counter. Results are read from the job stream into the database. A re-run
-first re-submits (a no-op once submitted) and re-collects every round, so a document
-whose failed request was re-run by `qbatch bulk retry {job}.L{n}` continues in a new
-round; nothing is published twice. The output (one line per document, input order) is
-written at the end, atomically.
+Round n is bulk job `{job}.L{n}`. Level 1 (one map request per chunk) is published in
+waves while it is planned: a wave closes at 32, 64, 128 ... 1,024 requests and becomes a
+round of its own, so the engine works on the first chunks while later documents are still
+being tokenized. After level 1, each round is the next pass of every document still in
+progress (level 2 of every document, then 3 ...). A round's input, `L{n}.jsonl` in the
+work directory, is generated once from the round's rows in `state.db` (temp file, fsync,
+rename; a re-run reuses it), and submitted with `producer.jobs.submit_job`, which resumes
+from the job's `submitted` counter. Results are read from the job stream into the
+database. A re-run skips the documents already planned, re-submits (a no-op once
+submitted) and re-collects every round, so a document whose failed request was re-run by
+`qbatch bulk retry {job}.L{n}` continues in a new round; nothing is published twice. The
+output (one line per document, input order) is written at the end, atomically.
 """
 
 from __future__ import annotations
@@ -44,6 +47,17 @@ from schemas import CHAT_ENDPOINT
 from schemas.keys import StreamField
 
 BarFactory = Callable[[str], AbstractContextManager[Progress]]
+
+WAVE_FIRST = 32
+"""Requests in the first wave of level 1: the engine has work after planning this much."""
+WAVE_MAX = 1_024
+PLANNED_META, WAVES_META = "planned", "waves"
+
+
+def wave_size(round_no: int) -> int:
+    """Requests that close wave `round_no` of level 1: 32, 64, 128 ... 1,024 (few rounds for
+    a large job, an early start for every job)."""
+    return min(WAVE_MAX, WAVE_FIRST << min(round_no - 1, 10))
 
 
 class Driver:
@@ -85,11 +99,13 @@ class Driver:
     def _instructions(self, own: str | None) -> str:
         return own if own is not None else self.cfg.templates.instructions
 
-    def _add_map_tasks(self, doc: Document, number: int, line: int) -> tuple[int, int]:
-        """Insert a document's level-1 requests as lines `line`..; returns (chunks, next
-        line). Chunk texts are spooled to a temp file until the count is known (the prompt
-        says "part i of n") and go to the database one at a time: a 1 GB document never
-        sits in memory."""
+    def _add_map_tasks(
+        self, doc: Document, number: int, round_no: int, line: int
+    ) -> tuple[int, int]:
+        """Insert a document's level-1 requests as lines `line`.. of round `round_no`;
+        returns (chunks, next line). Chunk texts are spooled to a temp file until the
+        count is known (the prompt says "part i of n") and go to the database one at a
+        time: a 1 GB document never sits in memory."""
         assert doc.blocks is not None
         instructions = self._instructions(doc.instructions)
         size, overlap = chunk_sizes(self.cfg.budget, self.tok, self.cfg.templates, instructions)
@@ -106,16 +122,27 @@ class Driver:
                     text = spool.read(length).decode("utf-8")
                     yield map_task(self.cfg.templates, instructions, text, index, len(spans))
 
-            return len(spans), self.db.add_tasks(1, line, number, tasks())
+            return len(spans), self.db.add_tasks(round_no, line, number, tasks())
 
-    def _plan_first(self, documents: Iterable[Document]) -> None:
+    def _plan_first(self, documents: Iterable[Document], report: Report) -> None:
+        """Plan level 1 in waves and publish each wave as soon as it is planned, so the
+        engine starts on the first chunks while the rest are still being cut (planning a
+        nightly job is tokenizing every document). A wave is a round of its own (bulk job
+        `{job}.L{n}`), committed with its documents; a re-run skips the documents already
+        planned and goes on with the next wave."""
+        self.db.set_meta(WAVES_META, "1")
+        planned = sum(1 for _ in self.db.docs())
+        rounds = self.db.rounds()
+        round_no = rounds[-1][0] + 1 if rounds else 1
+        line = 1
         self.db.begin()
         try:
-            line = 1
             for number, doc in enumerate(documents):
+                if number < planned:
+                    continue
                 chunks = 0
                 if doc.error is None:
-                    chunks, line = self._add_map_tasks(doc, number, line)
+                    chunks, line = self._add_map_tasks(doc, number, round_no, line)
                 err = doc.error
                 self.db.add_doc(
                     DocRow(
@@ -127,7 +154,15 @@ class Driver:
                         err.message if err else None,
                     )
                 )
-            self.db.add_round(1, line - 1)
+                if line - 1 >= wave_size(round_no):
+                    self.db.add_round(round_no, line - 1)
+                    self.db.commit()
+                    report.published += self._submit_round(round_no, line - 1)
+                    round_no, line = round_no + 1, 1
+                    self.db.begin()
+            if line > 1 or not self.db.rounds():
+                self.db.add_round(round_no, line - 1)
+            self.db.set_meta(PLANNED_META, "1")
             self.db.commit()
         except BaseException:
             self.db.rollback()
@@ -217,12 +252,12 @@ class Driver:
         levels = sorted({level for _l, _d, level, *_ in self.db.round_tasks(round_no)})
         return ",".join(map(str, levels))
 
-    def _run_round(self, round_no: int, total: int, deadline: float | None) -> tuple[bool, int]:
-        """Submit (resuming) and collect one round; (complete, lines published now)."""
+    def _submit_round(self, round_no: int, total: int) -> int:
+        """Publish a round's requests (resuming; a no-op once it is submitted); returns
+        how many were published now."""
         path = self._round_file(round_no)
         job = self.round_job(round_no)
-        label = f"{job} (level {self._levels_of(round_no)})"
-        with self._bar(f"submit {label}") as on_progress:
+        with self._bar(f"submit {self._label(round_no)}") as on_progress:
             report = submit_job(
                 self.client,
                 self.store,
@@ -233,9 +268,17 @@ class Driver:
                 on_progress=on_progress,
                 lane=self.cfg.lane,
             )
-        with self._bar(f"collect {label}") as on_progress:
+        return report.published
+
+    def _label(self, round_no: int) -> str:
+        return f"{self.round_job(round_no)} (level {self._levels_of(round_no)})"
+
+    def _run_round(self, round_no: int, total: int, deadline: float | None) -> tuple[bool, int]:
+        """Submit (resuming) and collect one round; (complete, lines published now)."""
+        published = self._submit_round(round_no, total)
+        with self._bar(f"collect {self._label(round_no)}") as on_progress:
             complete = self._collect(round_no, total, deadline, on_progress)
-        return complete, report.published
+        return complete, published
 
     def _bar(self, label: str) -> AbstractContextManager[Progress]:
         if self.bar is not None:
@@ -291,8 +334,10 @@ class Driver:
         self._open()
         deadline = None if self.cfg.timeout is None else time.monotonic() + self.cfg.timeout
         report = Report(out=str(self.cfg.out))
-        if not self.db.rounds():
-            self._plan_first(documents)
+        if self.db.meta(PLANNED_META) is None and (
+            not self.db.rounds() or self.db.meta(WAVES_META) is not None
+        ):
+            self._plan_first(documents, report)
         done_rounds: set[int] = set()
         while True:
             for round_no, total in self.db.rounds():

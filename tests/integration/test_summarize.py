@@ -196,6 +196,79 @@ def test_bulk_summarize_structure_bad_documents_and_rerun(
         assert round_counters(lane, "sj", rounds) == counters
 
 
+def test_level_one_is_published_in_waves_while_planning(
+    lane: Lane, tmp_path: Path, tok_dir: Path, tok: FileTokenizer, templates: list[str]
+) -> None:
+    """20 documents of 3 chunks: wave 1 closes at >= 32 map requests (11 documents), wave 2
+    holds the rest, the reduce level is the next round; every output as computed here."""
+    texts = [prose(8, f"w{n}x") for n in range(20)]
+    wants = [expected(text, tok, f"d{n}") for n, text in enumerate(texts)]
+    assert {w["chunks"] for w in wants} == {3} and {w["levels"] for w in wants} == {2}
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(
+        "".join(json.dumps({"custom_id": f"d{n}", "text": t}) + "\n" for n, t in enumerate(texts))
+    )
+    out = tmp_path / "out.jsonl"
+    args = ["bulk", "summarize", str(docs), "--out", str(out), "--job", "wj",
+            "--tokenizer", str(tok_dir), *SIZES, *templates, "--timeout", "120"]  # fmt: skip
+    with echo_worker(lane, log=tmp_path / "worker.log"):
+        done = qbatch(lane, *args)
+        assert done.returncode == 0, done.stderr
+        assert read_jsonl(out) == wants
+        assert round_counters(lane, "wj", 3) == [(33, 33, 0), (27, 27, 0), (20, 20, 0)]
+        work = Path(str(out) + ".work")
+        assert {line["metadata"]["doc"] for line in read_jsonl(work / "L1.jsonl")} == set(range(11))
+        assert {line["metadata"]["level"] for line in read_jsonl(work / "L2.jsonl")} == {1}
+        assert not (work / "L4.jsonl").exists()
+
+
+def test_a_crash_between_waves_resumes_with_the_unplanned_documents(
+    lane: Lane, tmp_path: Path, tok: FileTokenizer
+) -> None:
+    """The planner dies after wave 1 was committed and published (the input iterator
+    raises at document 15); the re-run plans documents 15.. only, publishes nothing twice,
+    and the output is what one clean run gives."""
+    from producer.summarize.config import Config
+    from producer.summarize.documents import read_docs_jsonl
+    from producer.summarize.driver import Driver
+
+    texts = [prose(8, f"c{n}x") for n in range(20)]
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(
+        "".join(json.dumps({"custom_id": f"d{n}", "text": t}) + "\n" for n, t in enumerate(texts))
+    )
+    out = tmp_path / "out.jsonl"
+    config = Config(
+        job="cw",
+        work_dir=tmp_path / "work",
+        out=out,
+        budget=Budget(CONTEXT, SUMMARY, chunk_tokens=CHUNK, overlap_tokens=OVERLAP),
+        templates=PLAIN,
+        timeout=120,
+    )
+
+    def dying(after: int) -> Iterator[Any]:
+        for n, doc in enumerate(read_docs_jsonl(docs)):
+            if n == after:
+                raise RuntimeError("planner killed")
+            yield doc
+
+    with echo_worker(lane, log=tmp_path / "worker.log"), lane.client() as client:
+        driver = Driver(client, tok, config)
+        with pytest.raises(RuntimeError, match="planner killed"):
+            driver.run(dying(15))
+        driver.close()
+        assert job_hash(lane, "cw.L1")["total"] == "33"  # wave 1 (11 documents) went out
+        assert not job_hash(lane, "cw.L2")  # wave 2 was rolled back with its documents
+        driver = Driver(client, tok, config)
+        report = driver.run(read_docs_jsonl(docs))
+        driver.close()
+    assert report.complete
+    assert read_jsonl(out) == [expected(t, tok, f"d{n}") for n, t in enumerate(texts)]
+    assert round_counters(lane, "cw", 3) == [(33, 33, 0), (27, 27, 0), (20, 20, 0)]
+    assert topic_records(lane) == 33 + 27 + 20
+
+
 def test_kill_minus_9_mid_level_then_resume(
     lane: Lane, tmp_path: Path, tok_dir: Path, tok: FileTokenizer, templates: list[str]
 ) -> None:
