@@ -40,6 +40,7 @@ from schemas import (
 )
 from schemas.limits import MAX_ENVELOPE_BYTES, RESERVED_JOB_SUFFIXES
 from schemas.request import OPTION_NAMES, RequestOptions
+from schemas.routes import RouteTable
 
 MAX_JOB_ID_CHARS = 96
 """Leaves room for `.{line}.r{attempt}` inside the 128-char request id limit."""
@@ -125,7 +126,9 @@ class Defaults:
 
     ALLOWED = tuple(n for n in OPTION_NAMES if n not in ("job_id", "custom_id"))
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, routes: RouteTable | None = None, **options: Any) -> None:
+        self.routes = routes
+        """With a route table, a line whose body.model nobody serves is a bad line."""
         wrong = sorted(set(options) - set(self.ALLOWED))
         if wrong:
             raise ContractError(
@@ -140,7 +143,22 @@ class Defaults:
         self._values = checked.model_dump(mode="json", include=set(given))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Defaults) and other._values == self._values
+        return (
+            isinstance(other, Defaults)
+            and other._values == self._values
+            and other.routes == self.routes
+        )
+
+    def routed(self, routes: RouteTable | None) -> Defaults:
+        """These defaults, checking every line's model against `routes`."""
+        copy = Defaults(routes=routes)
+        copy._values = dict(self._values)
+        return copy
+
+    def check(self, envelope: RequestEnvelope) -> None:
+        """ContractError (naming body.model) for a line no worker pool serves."""
+        if self.routes is not None:
+            self.routes.route(envelope.body.model)
 
     def __repr__(self) -> str:
         return f"Defaults({self._values!r})"
@@ -263,6 +281,7 @@ def parse_line(
         _lift_priority(data)
         (defaults or NO_DEFAULTS).apply(data)
         envelope = validate_envelope(data)
+        (defaults or NO_DEFAULTS).check(envelope)
     except ContractError as exc:
         return Line(line, rid, custom_id, error=exc)
     return Line(line, rid, envelope.custom_id, envelope=envelope)

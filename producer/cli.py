@@ -47,6 +47,7 @@ from producer.cli_common import (
 from producer.cli_serve import register as register_serve
 from producer.cli_summarize import register as register_summarize
 from producer.cli_tools import tools_app
+from producer.cli_usage import register as register_usage
 from producer.topic_results import TopicResults
 from schemas import ResultEnvelope
 
@@ -61,6 +62,7 @@ app.add_typer(bulk_app, name="bulk")
 app.add_typer(tools_app, name="tools")
 register_summarize(app, bulk_app)
 register_serve(app)
+register_usage(app)
 
 __all__ = ["app", "default_job_id", "main"]
 
@@ -92,9 +94,17 @@ def _global(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print a JSON summary on stdout.")
     ] = False,
+    routes: Annotated[
+        Path | None,
+        typer.Option(
+            "--routes",
+            help="Route table file (YAML/JSON): model -> {topic, bulk_topic}; "
+            "default QBATCH_ROUTES (JSON), else one pool for every model.",
+        ),
+    ] = None,
 ) -> None:
     """Global options override the QBATCH_* environment."""
-    ctx.obj = Options(bootstrap, redis_url, topic, prefix, quiet, json_out, bulk_topic)
+    ctx.obj = Options(bootstrap, redis_url, topic, prefix, quiet, json_out, bulk_topic, routes)
 
 
 FromTopicOpt = Annotated[

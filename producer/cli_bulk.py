@@ -53,6 +53,7 @@ from producer.jobs import (
     scan_file,
     submit_job,
 )
+from producer.usage import CLI_TENANT, UsageStore
 from schemas import ContractError
 from schemas.context import ContextStrategy
 from schemas.settings import BULK
@@ -130,7 +131,7 @@ def _do_submit(
         err.print(f"[red]error:[/] no such file: {file}")
         return EXIT_USAGE
     try:
-        scan = scan_file(file, job, defaults=defaults)
+        scan = scan_file(file, job, defaults=defaults.routed(client.routes))
     except UnicodeDecodeError as exc:
         err.print(f"[red]error:[/] {file} is not UTF-8: {exc}")
         return EXIT_USAGE
@@ -292,7 +293,16 @@ def _do_collect(
 ) -> CollectReport:
     store = JobStore(client.redis, client.keys)
     with progress(o, f"collect {job}") as bar:
-        report = collect_job(store, job, out_path, errors=errors, timeout=timeout, on_progress=bar)
+        usage = UsageStore(client.redis, client.keys)
+        report = collect_job(
+            store,
+            job,
+            out_path,
+            errors=errors,
+            timeout=timeout,
+            on_progress=bar,
+            on_result=lambda r: usage.record(CLI_TENANT, r),
+        )
     if o.json:
         emit_json({"collect": report.as_dict()})
     counts = ", ".join(f"{v} {k}" for k, v in report.counts.items() if v)

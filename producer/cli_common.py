@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import redis
@@ -39,6 +40,7 @@ from schemas import ConnectionSettings, ContractError, ResultEnvelope, Status
 from schemas.context import ContextStrategy
 from schemas.limits import DEFAULT_TOOL_TURNS
 from schemas.request import RequestOptions
+from schemas.routes import RoutesError, load_routes
 
 EXIT_OK = 0
 EXIT_NOT_ALL_SUCCEEDED = 1
@@ -60,6 +62,7 @@ class Options:
     quiet: bool = False
     json: bool = False
     bulk_topic: str | None = None
+    routes: Path | None = None
 
 
 def opts(ctx: typer.Context) -> Options:
@@ -68,15 +71,22 @@ def opts(ctx: typer.Context) -> Options:
 
 def client_for(o: Options) -> QBatchClient:
     try:
+        settings = ConnectionSettings()
+        if o.routes is not None:
+            table = load_routes(o.routes)
+            settings = settings.model_copy(update={"routes": table})
         return QBatchClient(
-            ConnectionSettings(),
+            settings,
             bootstrap=o.bootstrap,
             redis_url=o.redis_url,
             topic=o.topic,
             bulk_topic=o.bulk_topic,
             prefix=o.prefix,
         )
-    except ValueError as exc:  # pydantic ValidationError (e.g. a bad --prefix)
+    except RoutesError as exc:
+        err.print(f"[red]error:[/] --routes: {escape(str(exc))}")
+        raise typer.Exit(EXIT_USAGE) from None
+    except ValueError as exc:  # pydantic ValidationError (e.g. a bad --prefix, QBATCH_ROUTES)
         err.print(f"[red]error:[/] bad settings: {escape(str(exc))}")
         raise typer.Exit(EXIT_USAGE) from None
 

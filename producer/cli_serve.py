@@ -28,10 +28,24 @@ def serve(
         "127.0.0.1"
     ),
     port: Annotated[int, typer.Option(envvar=_env("PORT"), help="Port.", min=0)] = 8000,
-    storage_dir: Annotated[
-        Path,
-        typer.Option(envvar=_env("STORAGE_DIR"), help="Where uploaded and output files live."),
-    ] = Path("qbatch-files"),
+    storage: Annotated[
+        str,
+        typer.Option(
+            "--storage",
+            "--storage-dir",
+            envvar=[_env("STORAGE"), _env("STORAGE_DIR")],
+            help="Where uploaded and output files live: a directory (a path or file:///path) "
+            "or s3://bucket/prefix (credentials and region: the standard AWS_* variables).",
+        ),
+    ] = "qbatch-files",
+    s3_endpoint_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="QBATCH_S3_ENDPOINT_URL",
+            help="Endpoint of an S3-compatible server (MinIO, Ceph, ...) for s3:// storage; "
+            "none: AWS (or AWS_ENDPOINT_URL_S3).",
+        ),
+    ] = None,
     keys_file: Annotated[
         Path | None,
         typer.Option(
@@ -76,7 +90,7 @@ def serve(
 
         from producer.serve.app import ServeConfig, build_state, create_app
         from producer.serve.auth import KeysError, load_keyring
-        from producer.serve.storage import LocalStorage
+        from producer.serve.storage import StorageError, open_storage
     except ModuleNotFoundError as exc:
         err.print(
             f"[red]error:[/] qbatch serve needs the serve extra ({exc.name} is missing): "
@@ -91,6 +105,17 @@ def serve(
     except (KeysError, OSError) as exc:
         err.print(f"[red]error:[/] API keys: {exc}")
         raise typer.Exit(EXIT_USAGE) from None
+    try:
+        store = open_storage(storage, s3_endpoint_url=s3_endpoint_url or None)
+    except StorageError as exc:
+        err.print(f"[red]error:[/] storage: {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    except ModuleNotFoundError as exc:
+        err.print(
+            f"[red]error:[/] s3:// storage needs the serve extra ({exc.name} is missing): "
+            "pip install 'qbatch[serve]'"
+        )
+        raise typer.Exit(EXIT_USAGE) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     config = ServeConfig(
         max_upload_bytes=max_upload_bytes,
@@ -98,7 +123,7 @@ def serve(
         sync_timeout_s=sync_timeout,
         models=tuple(m.strip() for m in models.split(",") if m.strip()),
     )
-    state = build_state(config, keyring, LocalStorage(storage_dir), client_for(opts(ctx)))
+    state = build_state(config, keyring, store, client_for(opts(ctx)))
     uvicorn.run(
         create_app(state),
         host=host,

@@ -44,6 +44,8 @@ from schemas import (
 )
 from schemas.kafka_compat import repair_idempotent_reset
 from schemas.request import OPTION_NAMES
+from schemas.routes import RouteTable
+from schemas.settings import BULK
 
 DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
@@ -219,8 +221,23 @@ class QBatchClient:
 
     # ------------------------------------------------------------ publishing
 
-    def topic_for(self, lane: str | None) -> str:
-        """The requests topic of priority lane `lane` (None: interactive, the first)."""
+    @property
+    def routes(self) -> RouteTable | None:
+        """The route table (model -> topics), None when one pool serves every model."""
+        return self.settings.routes
+
+    def topic_for(self, lane: str | None, model: str | None = None) -> str:
+        """The requests topic of priority lane `lane` (None: interactive, the first).
+
+        With a route table, the topic is the route of `model` (its `bulk_topic` on the
+        `bulk` lane, its `topic` otherwise); a model nobody serves is a ContractError
+        naming body.model."""
+        topic = self._lane_topic(lane)
+        if self.routes is None:
+            return topic
+        return self.routes.route(model).topic_for(bulk=lane == BULK)
+
+    def _lane_topic(self, lane: str | None) -> str:
         try:
             return self.settings.lane_topic(lane)
         except ValueError as exc:
@@ -233,7 +250,7 @@ class QBatchClient:
         `ConnectionSettings.lanes`); bulk jobs publish to `bulk`.
         """
         return self.producer.send(
-            self.topic_for(lane),
+            self.topic_for(lane, envelope.body.model),
             key=envelope.request_id.encode("utf-8"),
             value=encode_request(envelope),
         )
@@ -308,7 +325,14 @@ class QBatchClient:
         ids = [env.request_id for env in envelopes]
         if len(set(ids)) != len(ids):
             raise ContractError("request_ids must be unique within one call", param="request_id")
-        self.topic_for(lane)  # an unknown lane fails before anything is sent
+        self._lane_topic(lane)  # an unknown lane or model fails before anything is sent
+        for index, env in enumerate(envelopes if self.routes is not None else ()):
+            try:
+                self.topic_for(lane, env.body.model)
+            except ContractError as exc:
+                raise ContractError(
+                    f"[{index}] {exc.message}", code=exc.code, request_id=env.request_id
+                ) from None
         futures = [(env.request_id, self.send(env, lane)) for env in envelopes]
         self.flush(futures)
         return ids

@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,7 @@ def collect_job(
     timeout: float | None = None,
     on_progress: Progress | None = None,
     block_ms: int = 1_000,
+    on_result: Callable[[ResultEnvelope], object] | None = None,
 ) -> CollectReport:
     """Read the job's stream from the start and write one output line per finished line.
 
@@ -169,6 +170,8 @@ def collect_job(
                         raw = inline.encode() if inline else next(found)
                         if raw is not None:
                             result = ResultEnvelope.model_validate_json(raw)
+                            if on_result is not None:
+                                on_result(result)
                             text, status = output_json(result), result.status.value
                         else:
                             if earlier is None:

@@ -106,6 +106,17 @@ class RedisKeys:
         """Set: every batch not in a final state; the server's runner resumes these."""
         return f"{self.prefix}:serve:active"
 
+    def serve_usage(self, tenant: str, day: str) -> str:
+        """Hash `{kind}:{model}` -> count: a tenant's usage on UTC day `day` (YYYY-MM-DD),
+        kinds `producer.usage.KINDS`. The day holds no `:`, so it is the last segment and
+        the tenant is the rest: no two (tenant, day) pairs share a key."""
+        return f"{self.prefix}:serve:usage:{tenant}:{day}"
+
+    def serve_usage_counted(self, tenant: str, day: str) -> str:
+        """Set: the request ids already added to `serve_usage(tenant, day)` (each result
+        counts once, however often it is seen)."""
+        return f"{self.prefix}:serve:counted:{tenant}:{day}"
+
     def strikes(self, group: str) -> str:
         """Hash `{topic}/{partition}/{offset}` -> how often a worker of consumer group
         `group` stopped on a fault while handling that record (poison-pill guard)."""

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.keys import RedisKeys
+from schemas.routes import RouteTable
 
 INTERACTIVE = "interactive"
 BULK = "bulk"
@@ -72,6 +73,11 @@ class ConnectionSettings(BaseSettings):
     )
     prefix: str = Field(
         default="qbatch", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Redis key prefix."
+    )
+    routes: RouteTable | None = Field(
+        None,
+        description="Route table, model name/alias -> {topic, bulk_topic}, as JSON "
+        "(`schemas.routes`); unset: one pool (topic / bulk_topic / lanes) for every model.",
     )
 
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"

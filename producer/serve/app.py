@@ -20,7 +20,8 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -38,10 +39,13 @@ from producer.serve.batches import (
     window_seconds,
 )
 from producer.serve.errors import ApiError, not_found
+from producer.serve.metrics import UsageRecorder
+from producer.serve.page import PAGE_BATCHES, register_page
 from producer.serve.runner import BatchRunner
-from producer.serve.storage import PURPOSE_BATCH, LocalStorage, UploadTooLarge, check_jsonl
+from producer.serve.storage import PURPOSE_BATCH, FileStore, UploadTooLarge, check_jsonl
 from producer.serve.sync import request_timeout, run_sync
 from producer.serve.upload import FormReceiver
+from producer.usage import UsageStore
 from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from schemas.errors import loc_to_param
 
@@ -72,20 +76,23 @@ class ServeState:
 
     config: ServeConfig
     keyring: KeyRing
-    storage: LocalStorage
+    storage: FileStore
     client: QBatchClient
     batches: BatchStore
     jobs: JobStore
     runner: BatchRunner
+    usage: UsageRecorder
 
 
 def build_state(
-    config: ServeConfig, keyring: KeyRing, storage: LocalStorage, client: QBatchClient
+    config: ServeConfig, keyring: KeyRing, storage: FileStore, client: QBatchClient
 ) -> ServeState:
     jobs = JobStore(client.redis, client.keys)
     batches = BatchStore(client.redis, client.keys)
     runner = BatchRunner(client, batches, jobs, storage)
-    return ServeState(config, keyring, storage, client, batches, jobs, runner)
+    usage = UsageRecorder(UsageStore(client.redis, client.keys))
+    runner.on_result = usage
+    return ServeState(config, keyring, storage, client, batches, jobs, runner, usage)
 
 
 def tenant_of(request: Request) -> str:
@@ -160,6 +167,11 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         return {"ok": True}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        """Prometheus exposition (no key, like /healthz: scrapers hold no tenant key)."""
+        return Response(state.usage.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     # ------------------------------------------------------------ files
 
@@ -284,6 +296,12 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         records, more = state.batches.list(tenant, after=after, limit=limit)
         return _page([present(r) for r in records], more)
 
+    def newest_batches(tenant: str) -> list[dict[str, Any]]:
+        records, _more = state.batches.list(tenant, after=None, limit=PAGE_BATCHES)
+        return [present(r) for r in records]
+
+    register_page(app, tenant_of, state.keyring, newest_batches)  # GET /: progress page
+
     @app.post("/v1/batches/{batch_id}/cancel")
     def cancel_batch(batch_id: str, tenant: Tenant) -> dict[str, Any]:
         record = own_batch(batch_id, tenant)
@@ -309,7 +327,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         body = await _json_body(request)
         timeout = request_timeout(request.headers, cfg.sync_timeout_s, cfg.max_sync_timeout_s)
         status, payload = await run_in_threadpool(
-            run_sync, state.client, body, endpoint, timeout, tenant
+            run_sync, state.client, body, endpoint, timeout, tenant, state.usage
         )
         return JSONResponse(payload, status_code=status)
 
@@ -324,13 +342,16 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     def model_object(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": cfg.started, "owned_by": "qbatch"}
 
+    routes = state.client.routes
+    served = tuple(routes.models) if routes is not None else cfg.models  # the table rules
+
     @app.get("/v1/models")
     def list_models(tenant: Tenant) -> dict[str, Any]:
-        return {"object": "list", "data": [model_object(m) for m in cfg.models]}
+        return {"object": "list", "data": [model_object(m) for m in served]}
 
     @app.get("/v1/models/{model:path}")
     def retrieve_model(model: str, tenant: Tenant) -> dict[str, Any]:
-        if model not in cfg.models:
+        if model not in served:
             raise not_found("Model", model)
         return model_object(model)
 

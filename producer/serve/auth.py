@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from schemas.documents import DocumentError, read_document
 
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 """Tenant names become Redis key segments (`schemas.keys.RedisKeys.serve_tenant_*`): no
@@ -144,19 +145,10 @@ def parse_keys_document(doc: Any, source: str) -> KeyRing:
 
 def read_keys_file(path: Path) -> KeyRing:
     """Load a `.json`, `.yaml` or `.yml` keys file."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() in (".yaml", ".yml"):
-        import yaml  # declared by the serve extra
-
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise KeysError(f"{path}: not valid YAML: {exc}") from None
-    else:
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise KeysError(f"{path}: not valid JSON: {exc}") from None
+    try:
+        doc = read_document(path)
+    except DocumentError as exc:
+        raise KeysError(str(exc)) from None
     return parse_keys_document(doc, str(path))
 
 

@@ -30,6 +30,7 @@ import redis
 
 from producer.bulk import Defaults, InputFormat, Scan, scan_lines
 from producer.job_view import JobView
+from producer.serve.errors import openai_code
 from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, RedisKeys
 
 ENDPOINTS = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT)
@@ -203,7 +204,7 @@ def validate_input(
             message = line.error.message
             param = None if line.error.param == "(line)" else line.error.param
             duplicate = line.error.param == "custom_id" and "duplicate custom_id" in message
-            code = "duplicate_custom_id" if duplicate else str(line.error.code)
+            code = "duplicate_custom_id" if duplicate else openai_code(line.error.code)
             errors.append(_error(code, line.line, message, param))
         elif line.envelope is not None and line.envelope.endpoint != endpoint:
             errors.append(

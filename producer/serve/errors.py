@@ -61,4 +61,10 @@ def openai_param(param: str | None) -> str | None:
     return param.removeprefix("body.")
 
 
-__all__ = ["ApiError", "error_type", "not_found", "openai_param"]
+def openai_code(code: object) -> str:
+    """A contract error code as OpenAI names it (`unknown_model` -> `model_not_found`)."""
+    text = str(code)
+    return "model_not_found" if text == "unknown_model" else text
+
+
+__all__ = ["ApiError", "error_type", "not_found", "openai_code", "openai_param"]

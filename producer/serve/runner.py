@@ -31,6 +31,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,8 @@ from producer.serve.batches import (
     BatchStore,
     validate_input,
 )
-from producer.serve.storage import PURPOSE_OUTPUT, LocalStorage
-from schemas import JobStatus, Status
+from producer.serve.storage import PURPOSE_OUTPUT, FileStore
+from schemas import JobStatus, ResultEnvelope, Status
 from schemas.settings import BULK
 
 log = logging.getLogger("qbatch.serve")
@@ -70,7 +71,7 @@ class BatchRunner:
         client: QBatchClient,
         batches: BatchStore,
         jobs: JobStore,
-        storage: LocalStorage,
+        storage: FileStore,
         *,
         interval_s: float = 0.5,
         chunk: int = DEFAULT_CHUNK,
@@ -82,6 +83,8 @@ class BatchRunner:
         self.interval_s = interval_s
         self.chunk = chunk
         self._scans: dict[str, tuple[Scan, str]] = {}
+        self.on_result: Callable[[str, ResultEnvelope], None] | None = None
+        """(tenant, result) of every result a finalize reads (usage; counted once)."""
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -158,14 +161,17 @@ class BatchRunner:
         stored = self.storage.get(record.input_file_id, record.tenant)
         if stored is None:
             return None
-        path = self.storage.path(stored)
         deadline = datetime.fromtimestamp(record.expires_at, UTC)
-        with path.open("r", encoding="utf-8", errors="replace", newline="") as fh:
-            texts = fh.read().splitlines()
+        with self.storage.local_copy(stored) as path:
+            with path.open("r", encoding="utf-8", errors="replace", newline="") as fh:
+                texts = fh.read().splitlines()
+            sha = file_sha256(path)
         scan, errors = validate_input(
-            texts, record.id, record.endpoint, Defaults(deadline=deadline)
+            texts,
+            record.id,
+            record.endpoint,
+            Defaults(routes=self.client.routes, deadline=deadline),
         )
-        sha = file_sha256(path)
         if not errors:
             self._scans[record.id] = (scan, sha)
         return scan, sha, errors
@@ -268,7 +274,15 @@ class BatchRunner:
         out = self.storage.tmp / f"{record.id}.output.jsonl"
         errors = self.storage.tmp / f"{record.id}.errors.jsonl"
         try:
-            report = collect_job(self.jobs, record.id, out, errors=errors, timeout=60)
+            hook = self.on_result
+            report = collect_job(
+                self.jobs,
+                record.id,
+                out,
+                errors=errors,
+                timeout=60,
+                on_result=(lambda r: hook(record.tenant, r)) if hook else None,
+            )
             if not report.complete and report.status not in TERMINAL:
                 return  # not everything is in yet: the next tick collects again
             succeeded = report.counts.get(Status.succeeded, 0)

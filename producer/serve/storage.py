@@ -1,5 +1,7 @@
-"""File storage of `qbatch serve`: a local directory (OpenAI's Files API objects). Pure
-filesystem, no sockets.
+"""File storage of `qbatch serve` (OpenAI's Files API objects): `FileStore`, the interface
+the app and the runner use; `LocalStorage`, a local directory (pure filesystem, no
+sockets); `open_storage`, which picks the backend from a `--storage` URL (`s3://` is
+`producer.serve.s3`, imported only then).
 
 Layout under the storage root::
 
@@ -25,10 +27,12 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
+from urllib.parse import unquote, urlsplit
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24,64}$")
 """What a file id looks like; anything else is never turned into a path."""
@@ -81,9 +85,46 @@ def clean_filename(name: str | None) -> str:
     return base[:MAX_FILENAME_CHARS] or "upload.jsonl"
 
 
+def new_stored(
+    size: int, tenant: str, filename: str, purpose: str, file_id: str | None
+) -> StoredFile:
+    """The metadata of a file being placed (a new id unless `file_id`, which must be one)."""
+    fid = file_id or new_file_id()
+    if not FILE_ID.match(fid):
+        raise ValueError(f"not a file id: {fid!r}")
+    return StoredFile(fid, size, int(time.time()), clean_filename(filename), purpose, tenant)
+
+
+def page_of(
+    files: Iterable[StoredFile], *, after: str | None, limit: int, order: str
+) -> tuple[list[StoredFile], bool]:
+    """One page of a tenant's files by creation time (`order`), after the file id `after`;
+    returns (page, has_more)."""
+    mine = sorted(files, key=lambda f: (f.created_at, f.id), reverse=order != "asc")
+    if after is not None:
+        ids = [f.id for f in mine]
+        mine = mine[ids.index(after) + 1 :] if after in ids else []
+    return mine[:limit], len(mine) > limit
+
+
+def stored_from_json(
+    raw: str | bytes, tenant: str, purpose: str | None = None
+) -> StoredFile | None:
+    """A metadata document's file if it belongs to `tenant` (and has `purpose`), else None
+    (also for a document that is not one)."""
+    try:
+        stored = StoredFile(**json.loads(raw))
+    except (ValueError, TypeError):
+        return None
+    if stored.tenant != tenant or (purpose is not None and stored.purpose != purpose):
+        return None
+    return stored
+
+
 class Upload:
     """An upload being received: `write` chunks (UploadTooLarge past `limit`), then
-    `LocalStorage.commit` it, or `discard` it."""
+    `FileStore.commit` it, or `discard` it. Always a local file (a storage's `tmp/`), so
+    the JSONL check reads it before anything is stored."""
 
     def __init__(self, fh: BinaryIO, path: Path, limit: int) -> None:
         self._fh = fh
@@ -110,21 +151,64 @@ class Upload:
             self.path.unlink()
 
 
-class LocalStorage:
-    """Files in a local directory (default `./qbatch-files`; a volume in production)."""
+def begin_upload(tmp: Path, limit: int) -> Upload:
+    """A new upload spooled to a temp file in `tmp`."""
+    fd, name = tempfile.mkstemp(prefix="upload-", dir=tmp)
+    return Upload(os.fdopen(fd, "wb"), Path(name), limit)
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.files = root / "files"
-        self.tmp = root / "tmp"
-        self.files.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
+
+class FileStore(Protocol):
+    """What `qbatch serve` needs of a file storage (`LocalStorage`, `s3.S3Storage`)."""
+
+    tmp: Path
+    """A local directory for uploads being received and output files being collected."""
+
+    def begin(self, limit: int) -> Upload: ...
+
+    def commit(
+        self,
+        upload: Upload,
+        *,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        file_id: str | None = None,
+    ) -> StoredFile: ...
+
+    def put(
+        self, src: Path, *, tenant: str, filename: str, purpose: str, file_id: str | None = None
+    ) -> StoredFile: ...
+
+    def get(self, file_id: str, tenant: str) -> StoredFile | None: ...
+
+    def local_copy(self, stored: StoredFile) -> AbstractContextManager[Path]: ...
+
+    def iter_bytes(self, stored: StoredFile, block: int = 1 << 16) -> Iterator[bytes]: ...
+
+    def list(
+        self,
+        tenant: str,
+        *,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = 10_000,
+        order: str = "desc",
+    ) -> tuple[list[StoredFile], bool]: ...
+
+    def delete(self, file_id: str, tenant: str) -> bool: ...
+
+
+class StorageBase:
+    """What every backend shares: uploads spooled in `tmp`, placing, listing. A backend
+    gives `_place` (store a finished local file and its metadata) and `_metadata_docs`
+    (every metadata document it holds)."""
+
+    tmp: Path
 
     # ------------------------------------------------------------ writing
 
     def begin(self, limit: int) -> Upload:
-        fd, name = tempfile.mkstemp(prefix="upload-", dir=self.tmp)
-        return Upload(os.fdopen(fd, "wb"), Path(name), limit)
+        return begin_upload(self.tmp, limit)
 
     def commit(
         self,
@@ -148,12 +232,44 @@ class LocalStorage:
     def _place(
         self, src: Path, size: int, tenant: str, filename: str, purpose: str, file_id: str | None
     ) -> StoredFile:
-        fid = file_id or new_file_id()
-        if not FILE_ID.match(fid):
-            raise ValueError(f"not a file id: {fid!r}")
-        stored = StoredFile(fid, size, int(time.time()), clean_filename(filename), purpose, tenant)
-        os.replace(src, self._data(fid))
-        self._write_json(self._meta(fid), asdict(stored))
+        raise NotImplementedError
+
+    def _metadata_docs(self) -> Iterator[str | bytes]:
+        raise NotImplementedError
+
+    def list(
+        self,
+        tenant: str,
+        *,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int = 10_000,
+        order: str = "desc",
+    ) -> tuple[list[StoredFile], bool]:
+        """A tenant's files by creation time (`order`), after the file id `after`;
+        returns (page, has_more). Scans the metadata: fine for thousands of files."""
+        mine = [stored_from_json(raw, tenant, purpose) for raw in self._metadata_docs()]
+        return page_of([f for f in mine if f is not None], after=after, limit=limit, order=order)
+
+
+class LocalStorage(StorageBase):
+    """Files in a local directory (default `./qbatch-files`; a volume in production)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.files = root / "files"
+        self.tmp = root / "tmp"
+        self.files.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ writing
+
+    def _place(
+        self, src: Path, size: int, tenant: str, filename: str, purpose: str, file_id: str | None
+    ) -> StoredFile:
+        stored = new_stored(size, tenant, filename, purpose, file_id)
+        os.replace(src, self._data(stored.id))
+        self._write_json(self._meta(stored.id), asdict(stored))
         return stored
 
     def _write_json(self, path: Path, data: dict[str, Any]) -> None:
@@ -178,41 +294,26 @@ class LocalStorage:
         if not FILE_ID.match(file_id):
             return None
         try:
-            data = json.loads(self._meta(file_id).read_text(encoding="utf-8"))
-        except (FileNotFoundError, ValueError):
+            return stored_from_json(self._meta(file_id).read_text(encoding="utf-8"), tenant)
+        except FileNotFoundError:
             return None
-        stored = StoredFile(**data)
-        return stored if stored.tenant == tenant else None
 
     def path(self, stored: StoredFile) -> Path:
         return self._data(stored.id)
+
+    @contextlib.contextmanager
+    def local_copy(self, stored: StoredFile) -> Iterator[Path]:
+        """The file's bytes as a local path (here: the data file itself)."""
+        yield self._data(stored.id)
 
     def iter_bytes(self, stored: StoredFile, block: int = 1 << 16) -> Iterator[bytes]:
         with self._data(stored.id).open("rb") as fh:
             yield from iter(lambda: fh.read(block), b"")
 
-    def list(
-        self,
-        tenant: str,
-        *,
-        purpose: str | None = None,
-        after: str | None = None,
-        limit: int = 10_000,
-        order: str = "desc",
-    ) -> tuple[list[StoredFile], bool]:
-        """A tenant's files by creation time (`order`), after the file id `after`;
-        returns (page, has_more). Scans the metadata files: fine for thousands of files."""
-        mine: list[StoredFile] = []
+    def _metadata_docs(self) -> Iterator[str]:
         for meta in self.files.glob("file-*.json"):
-            with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
-                stored = StoredFile(**json.loads(meta.read_text(encoding="utf-8")))
-                if stored.tenant == tenant and (purpose is None or stored.purpose == purpose):
-                    mine.append(stored)
-        mine.sort(key=lambda f: (f.created_at, f.id), reverse=order != "asc")
-        if after is not None:
-            ids = [f.id for f in mine]
-            mine = mine[ids.index(after) + 1 :] if after in ids else []
-        return mine[:limit], len(mine) > limit
+            with contextlib.suppress(FileNotFoundError):
+                yield meta.read_text(encoding="utf-8")
 
     def delete(self, file_id: str, tenant: str) -> bool:
         """Delete the tenant's file: metadata first (it vanishes), then the bytes."""
@@ -223,6 +324,61 @@ class LocalStorage:
         with contextlib.suppress(FileNotFoundError):
             self._data(file_id).unlink()
         return True
+
+
+# ------------------------------------------------------------ choosing a backend
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+class StorageError(ValueError):
+    """The storage setting is unusable (bad URL, unreachable bucket, no credentials)."""
+
+
+@dataclass(frozen=True, slots=True)
+class S3Location:
+    """`s3://bucket/prefix`: objects under `prefix` ("" or ending in "/")."""
+
+    bucket: str
+    prefix: str = ""
+
+
+def parse_storage_url(value: str) -> Path | S3Location:
+    """`--storage`: a plain path or `file:///path` (a local directory), or
+    `s3://bucket[/prefix]`. Anything else is a StorageError."""
+    text = value.strip()
+    if not text:
+        raise StorageError("the storage setting is empty")
+    if not _URL.match(text) and not text.startswith("file:"):
+        return Path(text)
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    if parts.query or parts.fragment:
+        raise StorageError(f"a storage URL takes no query or fragment: {value!r}")
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise StorageError(f"file:// URLs name no other host: {value!r}")
+        if not parts.path:
+            raise StorageError(f"the file:// URL has no path: {value!r}")
+        return Path(unquote(parts.path))
+    if scheme == "s3":
+        if not _BUCKET.match(parts.netloc) or ".." in parts.netloc:
+            raise StorageError(f"not an S3 bucket name: {parts.netloc!r}")
+        prefix = unquote(parts.path).strip("/")
+        return S3Location(parts.netloc, f"{prefix}/" if prefix else "")
+    raise StorageError(f"storage must be a path, file:// or s3:// URL, not {scheme}://")
+
+
+def open_storage(value: str, *, s3_endpoint_url: str | None = None) -> FileStore:
+    """The storage `value` names (`parse_storage_url`); an S3 bucket is checked to be
+    reachable now, so a wrong setting stops the server at start."""
+    where = parse_storage_url(value)
+    if isinstance(where, Path):
+        return LocalStorage(where)
+    from producer.serve.s3 import S3Storage
+
+    return S3Storage.connect(where, endpoint_url=s3_endpoint_url)
 
 
 def check_jsonl(path: Path) -> str | None:
@@ -251,11 +407,21 @@ __all__ = [
     "FILE_ID",
     "PURPOSE_BATCH",
     "PURPOSE_OUTPUT",
+    "FileStore",
     "LocalStorage",
+    "S3Location",
+    "StorageBase",
+    "StorageError",
     "StoredFile",
     "Upload",
     "UploadTooLarge",
+    "begin_upload",
     "check_jsonl",
     "clean_filename",
     "new_file_id",
+    "new_stored",
+    "open_storage",
+    "page_of",
+    "parse_storage_url",
+    "stored_from_json",
 ]

@@ -14,7 +14,7 @@ deadline, 500 for an engine error, ...).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -23,8 +23,8 @@ from kafka.errors import KafkaError
 
 from producer.batch_output import error_body, status_code
 from producer.client import PublishError, QBatchClient, now_utc
-from producer.serve.errors import ApiError, openai_param
-from schemas import ContractError, Status
+from producer.serve.errors import ApiError, openai_code, openai_param
+from schemas import ContractError, ResultEnvelope, Status
 
 TIMEOUT_HEADER = "x-stainless-timeout"
 GRACE_S = 2.0
@@ -45,7 +45,12 @@ def request_timeout(headers: Mapping[str, str], default: float, maximum: float) 
 
 
 def run_sync(
-    client: QBatchClient, body: Any, endpoint: str, timeout: float, tenant: str
+    client: QBatchClient,
+    body: Any,
+    endpoint: str,
+    timeout: float,
+    tenant: str,
+    on_result: Callable[[str, ResultEnvelope], None] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Submit one body, wait for its result: (HTTP status, JSON body). ApiError for what
     is refused before it is queued (stream, a body the contract refuses, no Kafka)."""
@@ -67,7 +72,7 @@ def run_sync(
         result = client.wait(rid, timeout=timeout + GRACE_S)
     except ContractError as exc:
         raise ApiError(
-            400, exc.message, code=str(exc.code), param=openai_param(exc.param)
+            400, exc.message, code=openai_code(exc.code), param=openai_param(exc.param)
         ) from None
     except (PublishError, KafkaError, redis.exceptions.RedisError) as exc:
         raise ApiError(
@@ -75,6 +80,8 @@ def run_sync(
         ) from None
     if result is None:
         raise ApiError(504, f"no answer within {timeout:g} s", code="timeout")
+    if on_result is not None:
+        on_result(tenant, result)  # usage (producer.serve.metrics.UsageRecorder)
     if result.status is Status.succeeded and result.response is not None:
         return 200, result.response.model_dump(mode="json")
     return status_code(result), error_body(result)

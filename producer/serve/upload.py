@@ -14,7 +14,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from producer.serve.errors import ApiError
-from producer.serve.storage import LocalStorage, Upload
+from producer.serve.storage import FileStore, Upload
 
 MAX_FIELD_BYTES = 4_096
 MAX_FIELDS = 16
@@ -27,7 +27,7 @@ def _bad(message: str) -> ApiError:
 class FormReceiver:
     """Receives one `multipart/form-data` body: text fields and at most one file (`file`)."""
 
-    def __init__(self, content_type: str, storage: LocalStorage, limit: int) -> None:
+    def __init__(self, content_type: str, storage: FileStore, limit: int) -> None:
         kind, params = parse_options_header(content_type)
         boundary = params.get(b"boundary")
         if kind != b"multipart/form-data" or not boundary:

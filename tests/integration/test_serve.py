@@ -15,7 +15,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +50,13 @@ def free_port() -> int:
 @dataclass
 class Server:
     lane: Lane
-    storage: Path
+    storage: Path | str
+    """--storage: a directory or a storage URL (s3://...)."""
     keys_file: Path
     log: Path
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
@@ -64,6 +66,7 @@ class Server:
         self.port = free_port()
         env = self.lane.env()
         env["QBATCH_API_KEYS"] = f"{KEY_A}:team-a"
+        env.update(self.extra_env)
         cmd = [
             sys.executable,
             "-m",

@@ -149,6 +149,7 @@ def _render(directory: Path) -> tuple[dict[str, Any], ...]:
 
 
 TOOL_EXECUTOR = "tool-executor"
+SERVE = "serve"
 
 
 def _component(doc: dict[str, Any]) -> str | None:
@@ -157,8 +158,9 @@ def _component(doc: dict[str, Any]) -> str | None:
 
 
 def _one(docs: tuple[dict[str, Any], ...] | list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    """The one worker object of `kind` (the tool executor's objects are checked apart)."""
-    found = [d for d in docs if d["kind"] == kind and _component(d) != TOOL_EXECUTOR]
+    """The one worker object of `kind` (the tool executor's and the server's objects are
+    checked apart)."""
+    found = [d for d in docs if d["kind"] == kind and _component(d) not in {TOOL_EXECUTOR, SERVE}]
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
 
@@ -269,7 +271,7 @@ def test_base_kustomization_covers_every_manifest_in_base() -> None:
 
 def test_secret_example_is_not_applied() -> None:
     assert "secret.example.yaml" not in _kustomization_refs(BASE)
-    assert _load_one(BASE / "secret.example.yaml")["kind"] == "Secret"
+    assert {d["kind"] for d in _load_all(BASE / "secret.example.yaml")} == {"Secret"}
 
 
 # --------------------------------------------------------------------------- worker settings
@@ -297,9 +299,15 @@ def _strategic_patch(kind: str) -> dict[str, Any]:
 
 
 def test_secrets_stay_out_of_the_config_map() -> None:
-    for env in (_read_env_file(BASE / "worker.env"), _overlay_values()):
+    for env in (
+        _read_env_file(BASE / "worker.env"),
+        _overlay_values(),
+        _read_env_file(BASE / "serve.env"),
+    ):
         for key, value in env.items():
-            assert not re.search(r"PASSWORD|TOKEN|SECRET", key), f"{key} belongs in the Secret"
+            assert not re.search(r"PASSWORD|TOKEN|SECRET|KEY_ID", key), (
+                f"{key} belongs in the Secret"
+            )
             assert not re.search(r"://[^/@]*:[^/@]*@", value), f"{key} embeds credentials"
 
 
@@ -634,8 +642,8 @@ def test_prometheus_config_scrapes_the_worker_and_loads_the_rules() -> None:
 _COMPOSE_SERVICE_KEYS = {
     "build", "command", "container_name", "depends_on", "deploy", "entrypoint", "environment",
     "env_file", "expose", "healthcheck", "image", "init", "ipc", "labels", "logging",
-    "networks", "ports", "profiles", "restart", "shm_size", "stop_grace_period", "stop_signal",
-    "ulimits", "user", "volumes", "working_dir",
+    "networks", "ports", "profiles", "restart", "secrets", "shm_size", "stop_grace_period",
+    "stop_signal", "ulimits", "user", "volumes", "working_dir",
 }  # fmt: skip
 _HEALTHCHECK_KEYS = {"test", "interval", "timeout", "retries", "start_period", "start_interval"}
 
@@ -871,3 +879,140 @@ def test_the_tool_executor_is_deployed_with_the_workers_config() -> None:
     assert tools["entrypoint"][:3] == ["qbatch", "tools", "serve"]
     init = " ".join(services["kafka-init"]["command"])
     assert "QBATCH_TOOL_CALLS_TOPIC" in init, "compose creates the tool-calls topic"
+
+
+# --------------------------------------------------------------------------- qbatch serve
+
+
+def _serve_envvars() -> set[str]:
+    """Every variable a `qbatch serve` option reads."""
+    import typing
+
+    from producer.cli_serve import serve
+
+    names: set[str] = set()
+    for hint in typing.get_type_hints(serve, include_extras=True).values():
+        for meta in getattr(hint, "__metadata__", ()):
+            envvar = getattr(meta, "envvar", None)
+            names.update([envvar] if isinstance(envvar, str) else envvar or [])
+    return names
+
+
+def _check_serve_objects(docs: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> None:
+    """k8s: one `qbatch serve` replica on the worker image, keys from a Secret as a file,
+    readiness on /healthz, storage on a PVC (or S3 from its ConfigMap + Secret)."""
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and _component(d) == SERVE]
+    pod = deployment["spec"]["template"]
+    assert _matches(deployment["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    # one runner per Redis prefix; the RWO volume is let go before the next pod starts
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][:2] == ["qbatch", "serve"]
+    assert container["image"].rsplit("/", 1)[-1].split(":")[0] == "qbatch-worker"
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    configs = [e["configMapRef"]["name"] for e in container["envFrom"]]
+    assert configs[0].startswith("qbatch-worker-config"), "the workers' Kafka/Redis settings"
+    assert configs[1].startswith("qbatch-serve-config")
+    env = {e["name"]: e for e in container["env"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    # keys: a file from the Secret, never a plain-text variable
+    keys_file = env["QBATCH_SERVE_KEYS_FILE"]["value"]
+    (keys_volume,) = [n for n, path in mounts.items() if keys_file.startswith(path + "/")]
+    assert volumes[keys_volume]["secret"]["secretName"] == "qbatch-serve-keys"
+    assert "QBATCH_API_KEYS" not in env
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        ref = env[name]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "qbatch-serve-secrets" and ref["optional"] is True
+    # storage: the default directory is the PVC's mount; /tmp is writable for S3 spooling
+    settings = _read_env_file(BASE / "serve.env")
+    (files_volume,) = [n for n, path in mounts.items() if path == settings["QBATCH_SERVE_STORAGE"]]
+    claim = volumes[files_volume]["persistentVolumeClaim"]["claimName"]
+    (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim" and _component(d) == SERVE]
+    assert pvc["metadata"]["name"] == claim and pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "emptyDir" in volumes[next(n for n, p in mounts.items() if p == "/tmp")]
+    assert pod["spec"]["securityContext"]["fsGroup"] == pod["spec"]["securityContext"]["runAsUser"]
+    # readiness (and liveness) on /healthz at the port the server listens on
+    port = int(settings["QBATCH_SERVE_PORT"])
+    for probe in ("readinessProbe", "livenessProbe"):
+        http = container[probe]["httpGet"]
+        assert http["path"] == "/healthz" and _resolve_port(container, http["port"]) == port
+    assert settings["QBATCH_SERVE_HOST"] == "0.0.0.0"
+    (service,) = [d for d in docs if d["kind"] == "Service" and _component(d) == SERVE]
+    assert _matches(service["spec"]["selector"], pod["metadata"]["labels"])
+    (svc_port,) = service["spec"]["ports"]
+    assert _resolve_port(container, svc_port["targetPort"]) == port
+
+
+def test_serve_is_deployed_with_keys_storage_and_probes() -> None:
+    docs = [d for p in BASE.glob("*.yaml") if p.name != "kustomization.yaml" for d in _load_all(p)]
+    _check_serve_objects(docs)
+    # its settings are `qbatch serve` options (or boto3's own AWS_* variables)
+    settings = _read_env_file(BASE / "serve.env")
+    known = _serve_envvars()
+    assert {"QBATCH_SERVE_STORAGE", "QBATCH_S3_ENDPOINT_URL"} <= known
+    for name in settings:
+        assert name in known or name.startswith("AWS_"), f"serve.env: {name} is no serve option"
+    generators = _load_one(BASE / "kustomization.yaml")["configMapGenerator"]
+    (gen,) = [g for g in generators if g["name"] == "qbatch-serve-config"]
+    assert (
+        gen["envs"] == ["serve.env"]
+        and gen["options"]["labels"]["app.kubernetes.io/component"] == SERVE
+    )
+    # the example Secrets show the keys the Deployment reads
+    secrets = {d["metadata"]["name"]: d for d in _load_all(BASE / "secret.example.yaml")}
+    assert "keys.yaml" in secrets["qbatch-serve-keys"]["stringData"]
+    assert {"aws-access-key-id", "aws-secret-access-key"} <= set(
+        secrets["qbatch-serve-secrets"]["stringData"]
+    )
+
+
+@pytest.mark.parametrize("directory", [BASE, OVERLAY], ids=["base", "overlay"])
+def test_rendered_serve_objects(directory: Path) -> None:
+    docs = _render(directory)
+    _check_serve_objects(docs)
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and _component(d) == SERVE]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and _component(d) == SERVE]
+    refs = [e["configMapRef"]["name"] for e in _container_named(deployment, "serve")["envFrom"]]
+    assert config["metadata"]["name"] in refs, "hashed name reaches the Deployment"
+
+
+def _container_named(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name
+    ]
+    return found
+
+
+def test_compose_serve() -> None:
+    """compose: `qbatch serve` on the worker image, keys from a mounted secret, storage a
+    volume (or S3 from the environment), health on /healthz, loopback port."""
+    compose = _load_one(COMPOSE)
+    services = compose["services"]
+    serve, worker = services["serve"], services["worker"]
+    assert serve["image"] == worker["image"], "the worker image installs the serve extra"
+    assert serve["entrypoint"][:2] == ["qbatch", "serve"]
+    assert "deploy" not in serve, "no GPU"
+    env = serve["environment"]
+    assert env["QBATCH_KAFKA_BOOTSTRAP"] == worker["environment"]["QBATCH_KAFKA_BOOTSTRAP"]
+    assert env["QBATCH_REDIS_URL"] == worker["environment"]["QBATCH_REDIS_URL"]
+    assert env["QBATCH_BULK_TOPIC"] == worker["environment"]["QBATCH_BULK_TOPIC"]
+    (secret,) = serve["secrets"]
+    assert env["QBATCH_SERVE_KEYS_FILE"] == f"/run/secrets/{secret}"
+    assert "file" in compose["secrets"][secret]
+    assert "QBATCH_API_KEYS" not in env
+    storage = _interp_default(env["QBATCH_SERVE_STORAGE"])
+    volumes = {v.split(":")[1]: v.split(":")[0] for v in serve["volumes"]}
+    assert volumes[storage] in compose["volumes"], "the files live in a named volume"
+    for name in ("QBATCH_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert name in env and env[name] is None, f"{name}: passed through, never a value here"
+    port = int(env["QBATCH_SERVE_PORT"])
+    assert env["QBATCH_SERVE_HOST"] == "0.0.0.0"
+    (published,) = serve["ports"]
+    assert _interp_default(published).endswith(f":{port}")
+    assert f"127.0.0.1:{port}/healthz" in " ".join(serve["healthcheck"]["test"])
+    dockerfile = DOCKERFILE.read_text(encoding="utf-8")
+    assert 'extras["serve"]' in dockerfile, "the image installs the serve extra"
+    assert re.search(r"chown -R qbatch:qbatch [^\n]*" + re.escape(storage), dockerfile)

@@ -14,11 +14,13 @@ from schemas.decode import valid_id
 
 # ids built from the pieces keys are made of, so collisions are likely if they can happen
 PIECES = [":", "done", "cancel", "result", "job", "strikes", "a", "vic", "-", ".", "_", "1"]
+PIECES += ["serve", "usage", "counted", "tenant", "batches", "2026-01-02", "2026-01-20"]
 ids = (
     st.lists(st.sampled_from(PIECES), min_size=1, max_size=6)
     .map("".join)
     .filter(lambda s: valid_id(s) is not None)
 )
+DAYS = ["2026-01-02", "2026-01-20"]
 prefixes = st.sampled_from(["qbatch", "q", "qbatch.job", "a-b_c.d"])
 
 
@@ -44,6 +46,11 @@ def all_keys(
             ("serve_tenant_batches", job, keys.serve_tenant_batches(job)),
             ("serve_tenant_active", job, keys.serve_tenant_active(job)),
         ]
+        for day in DAYS:  # usage: a tenant and a day, both parts of the key
+            out += [
+                ("serve_usage", f"{job}|{day}", keys.serve_usage(job, day)),
+                ("serve_usage_counted", f"{job}|{day}", keys.serve_usage_counted(job, day)),
+            ]
     out.append(("serve_active", "", keys.serve_active()))
     return out
 

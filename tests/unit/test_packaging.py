@@ -81,7 +81,9 @@ LAZY_WORKER_IMPORTS = {"producer/cli_tools.py", "producer/tools/http.py"}
 worker extra inside the functions that need it, and say so when it is missing."""
 LAZY_DOCS_IMPORTS = {"producer/summarize/tokens.py"}
 """The summarisation tokenizer: the docs extra, imported where it is needed."""
-LAZY_SERVE_IMPORTS = {"producer/cli_serve.py"}
+LAZY_SERVE_IMPORTS = {"producer/cli_serve.py", "schemas/documents.py"}
+"""`schemas/documents.py` reads a YAML route table or keys file with pyyaml (the serve
+extra) when given one; JSON needs nothing more."""
 SERVE_PACKAGE = "producer/serve/"
 """`qbatch serve` (the serve extra): only `producer/cli_serve.py` imports it, inside the
 command, so its modules may import the serve extra at module level."""

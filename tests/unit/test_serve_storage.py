@@ -1,55 +1,110 @@
-"""`qbatch serve` local file storage: streamed uploads with a limit, tenants, ids. Pure
-filesystem."""
+"""`qbatch serve` file storage: one contract (streamed uploads with a limit, tenants, ids,
+layout) run against every backend: the local directory (pure filesystem) and S3 on a
+real S3-compatible server (moto's server mode on a loopback port; marked integration).
+Plus the `--storage` URL parsing."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from producer.serve.storage import (
+    FileStore,
     LocalStorage,
+    S3Location,
+    StorageError,
     UploadTooLarge,
     check_jsonl,
     clean_filename,
     new_file_id,
+    open_storage,
+    parse_storage_url,
 )
+from tests.s3_fixtures import BUCKET, CREDENTIALS, moto_s3, object_keys
 
 
-def _upload(storage: LocalStorage, data: bytes, tenant: str = "a", limit: int = 1_000) -> str:
+@dataclass
+class Backend:
+    """A storage under test and what it holds, seen from outside it."""
+
+    storage: FileStore
+    endpoint: str | None = None
+    prefix: str = ""
+
+    def stored_names(self) -> list[str]:
+        """The names in `files/` (local directory or objects under the prefix)."""
+        if self.endpoint is None:
+            assert isinstance(self.storage, LocalStorage)
+            return sorted(p.name for p in self.storage.files.iterdir())
+        files = f"{self.prefix}files/"
+        return [k.removeprefix(files) for k in object_keys(self.endpoint, prefix=self.prefix)]
+
+    def temp_names(self) -> list[str]:
+        return sorted(p.name for p in self.storage.tmp.iterdir())
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with moto_s3() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Backend:
+    if request.param == "local":
+        return Backend(open_storage(str(tmp_path)))
+    endpoint: str = request.getfixturevalue("s3_endpoint")
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    prefix = f"t-{uuid.uuid4().hex[:12]}/"  # each test its own prefix in the one bucket
+    storage = open_storage(f"s3://{BUCKET}/{prefix}", s3_endpoint_url=endpoint)
+    return Backend(storage, endpoint, prefix)
+
+
+def _upload(storage: FileStore, data: bytes, tenant: str = "a", limit: int = 1_000) -> str:
     up = storage.begin(limit)
     for start in range(0, len(data), 7):
         up.write(data[start : start + 7])
     return storage.commit(up, tenant=tenant, filename="in.jsonl", purpose="batch").id
 
 
-def test_upload_round_trip_and_tenant_isolation(tmp_path: Path) -> None:
-    storage = LocalStorage(tmp_path)
+def test_upload_round_trip_and_tenant_isolation(backend: Backend) -> None:
+    storage = backend.storage
     fid = _upload(storage, b'{"a": 1}\n')
     stored = storage.get(fid, "a")
     assert stored is not None and stored.bytes == 9 and stored.purpose == "batch"
     assert b"".join(storage.iter_bytes(stored)) == b'{"a": 1}\n'
+    assert backend.stored_names() == [f"{fid}.data", f"{fid}.json"]  # metadata beside it
+    assert backend.temp_names() == []  # the spooled upload is gone
     obj = stored.openai()
     assert obj["object"] == "file" and obj["id"] == fid and "tenant" not in obj
     assert storage.get(fid, "b") is None  # another tenant sees nothing
     assert storage.delete(fid, "b") is False and storage.get(fid, "a") is not None
     assert storage.delete(fid, "a") is True and storage.get(fid, "a") is None
-    assert list(tmp_path.joinpath("files").iterdir()) == []
+    assert backend.stored_names() == []
 
 
-def test_oversize_upload_stops_at_the_limit_and_leaves_nothing(tmp_path: Path) -> None:
-    storage = LocalStorage(tmp_path)
+def test_oversize_upload_stops_at_the_limit_and_leaves_nothing(backend: Backend) -> None:
+    storage = backend.storage
     up = storage.begin(10)
     up.write(b"0123456789")
     with pytest.raises(UploadTooLarge):
         up.write(b"x")
     up.discard()
-    assert list(tmp_path.joinpath("tmp").iterdir()) == []
+    assert backend.temp_names() == []
     assert storage.list("a") == ([], False)
+    assert backend.stored_names() == []
 
 
-def test_listing_orders_pages_and_filters(tmp_path: Path) -> None:
-    storage = LocalStorage(tmp_path)
+def test_listing_orders_pages_and_filters(backend: Backend) -> None:
+    storage = backend.storage
     ids = [_upload(storage, b"{}\n") for _ in range(3)]
     _upload(storage, b"{}\n", tenant="b")
     page, more = storage.list("a", order="asc", limit=2)
@@ -61,27 +116,119 @@ def test_listing_orders_pages_and_filters(tmp_path: Path) -> None:
     assert storage.list("a", purpose="batch_output") == ([], False)
 
 
-def test_ids_that_are_not_file_ids_are_never_paths(tmp_path: Path) -> None:
-    storage = LocalStorage(tmp_path)
+def test_ids_that_are_not_file_ids_are_never_paths(backend: Backend) -> None:
+    storage = backend.storage
     for bad in ("../etc/passwd", "file-../../x", "file-ABC", ""):
         assert storage.get(bad, "a") is None
     assert new_file_id().startswith("file-")
-    put = tmp_path / "out.jsonl"
+    put = storage.tmp / "out.jsonl"
     put.write_text("{}\n")
     with pytest.raises(ValueError):
         storage.put(put, tenant="a", filename="o", purpose="batch_output", file_id="../x")
 
 
-def test_put_with_a_given_id_rewrites_the_same_file(tmp_path: Path) -> None:
-    storage = LocalStorage(tmp_path)
+def test_put_with_a_given_id_rewrites_the_same_file(backend: Backend) -> None:
+    storage = backend.storage
     fid = "file-" + "ab" * 16
     for text in ("first\n", "second\n"):
-        src = tmp_path / "tmp" / "o.jsonl"
+        src = storage.tmp / "o.jsonl"
         src.write_text(text)
         storage.put(src, tenant="a", filename="o.jsonl", purpose="batch_output", file_id=fid)
+        assert not src.exists()  # moved in
     stored = storage.get(fid, "a")
     assert stored is not None and b"".join(storage.iter_bytes(stored)) == b"second\n"
     assert len(storage.list("a")[0]) == 1
+
+
+def test_large_file_streams_in_and_out_in_blocks(backend: Backend) -> None:
+    """Past boto3's 8 MiB multipart threshold; read back in blocks and as a local copy."""
+    storage = backend.storage
+    data = bytes(range(256)) * (9 * 4096)  # 9 MiB
+    up = storage.begin(10 * 1024 * 1024)
+    for start in range(0, len(data), 1 << 20):
+        up.write(data[start : start + (1 << 20)])
+    stored = storage.commit(up, tenant="a", filename="big.jsonl", purpose="batch")
+    assert stored.bytes == len(data)
+    blocks = list(storage.iter_bytes(stored, block=1 << 20))
+    assert len(blocks) >= 9 and b"".join(blocks) == data
+    with storage.local_copy(stored) as path:
+        assert path.read_bytes() == data
+    assert path.exists() == isinstance(storage, LocalStorage)  # a download is removed
+    assert backend.temp_names() == []
+
+
+def test_metadata_that_is_not_a_file_reads_as_missing(backend: Backend) -> None:
+    """A stray or damaged metadata document is neither listed nor found."""
+    storage = backend.storage
+    fid = _upload(storage, b"{}\n")
+    src = storage.tmp / "x.jsonl"
+    src.write_text("{}\n")
+    other = "file-" + "cd" * 16
+    storage.put(src, tenant="a", filename="x", purpose="batch", file_id=other)
+    if isinstance(storage, LocalStorage):
+        storage.files.joinpath(f"{other}.json").write_text('{"id": 1}')
+    else:
+        key = f"{backend.prefix}files/{other}.json"
+        cast(Any, storage).client.put_object(Bucket=BUCKET, Key=key, Body=b"[not json")
+    assert storage.get(other, "a") is None
+    assert [f.id for f in storage.list("a")[0]] == [fid]
+
+
+@pytest.mark.integration
+def test_s3_storage_refuses_a_bucket_that_is_not_there(
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(StorageError, match="no-such-bucket"):
+        open_storage("s3://no-such-bucket/x", s3_endpoint_url=s3_endpoint)
+
+
+# ------------------------------------------------------------ --storage URLs
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("qbatch-files", Path("qbatch-files")),
+        ("/data/qbatch", Path("/data/qbatch")),
+        ("file:///data/qbatch", Path("/data/qbatch")),
+        ("file://localhost/data/with%20space", Path("/data/with space")),
+        ("s3://bucket", S3Location("bucket", "")),
+        ("s3://my.bucket-1/", S3Location("my.bucket-1", "")),
+        ("s3://bucket/a/b", S3Location("bucket", "a/b/")),
+        ("S3://bucket//a/b//", S3Location("bucket", "a/b/")),
+    ],
+)
+def test_storage_urls(value: str, expected: Any) -> None:
+    assert parse_storage_url(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("", "empty"),
+        ("  ", "empty"),
+        ("s3://", "bucket"),
+        ("s3://Bad_Bucket/x", "bucket"),
+        ("s3://ab/x", "bucket"),
+        ("s3://a..b/x", "bucket"),
+        ("s3://bucket/p?versionId=1", "query"),
+        ("gs://bucket/p", "gs://"),
+        ("http://minio:9000/bucket", "http://"),
+        ("file://otherhost/x", "host"),
+        ("file://", "no path"),
+    ],
+)
+def test_bad_storage_urls(value: str, problem: str) -> None:
+    with pytest.raises(StorageError, match=problem):
+        parse_storage_url(value)
+
+
+def test_a_path_opens_a_local_directory(tmp_path: Path) -> None:
+    storage = open_storage(f"file://{tmp_path}/files")
+    assert isinstance(storage, LocalStorage) and storage.root == tmp_path / "files"
+    assert (tmp_path / "files" / "tmp").is_dir()
 
 
 @pytest.mark.parametrize(
