@@ -42,14 +42,22 @@ def write_file(path: Path, n: int) -> None:
 
 
 def run(lines: int, workers: int, chunk: int, timeout: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "in.jsonl"
+        write_file(src, lines)
+        return run_file(src, lines, workers, chunk, timeout)
+
+
+def run_file(src: Path, lines: int, workers: int, chunk: int, timeout: float) -> dict[str, float]:
+    """`bulk submit` of `src` (`lines` lines), the job through `workers` echo workers on
+    a private lane, `bulk collect`; the figures (also used by bench_serve.py)."""
     lane = Lane.new("bench")
     lane.create_topics()
     job = "bench"
     procs = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            src, out = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
-            write_file(src, lines)
+            out = Path(tmp) / "out.jsonl"
             for _ in range(workers):
                 procs.append(start_worker(lane, log=Path(tmp) / "worker.log"))
             time.sleep(1.0)
@@ -99,6 +107,8 @@ def run(lines: int, workers: int, chunk: int, timeout: float) -> dict[str, float
         lane.clean_redis()
     figures = {
         "lines": lines,
+        "total_s": round(t_done + t_collect, 2),
+        "total_lines_per_s": round(lines / (t_done + t_collect), 1),
         "submit_wall_s": round(t_submit, 2),
         "submit_lines_per_s": round(lines / t_submit, 1),
         "submit_publish_s": inner["seconds"],

@@ -25,10 +25,12 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.serve_fixtures import KEY_A, batch_lines, jsonl, wait_batch
+
 try:
-    from tests.integration.test_serve import KEY_A, batch_lines, jsonl, serving, wait_batch
+    from tests.integration.test_serve import serving
 except ModuleNotFoundError:
-    from test_serve import KEY_A, batch_lines, jsonl, serving, wait_batch  # type: ignore[no-redef]
+    from test_serve import serving  # type: ignore[no-redef]
 
 CHROMIUM = os.environ.get("QBATCH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [

@@ -20,12 +20,11 @@ import pytest
 from producer.usage import UsageStore, last_days
 from schemas import ConnectionSettings, ContractError, Status
 from schemas.routes import parse_routes
+from tests.serve_fixtures import KEY_A, Server, keys_file
 
 try:
-    from tests.integration.test_serve import KEY_A, Server, keys_file
     from tests.integration.workers import Lane, echo_worker, qbatch
 except ModuleNotFoundError:
-    from test_serve import KEY_A, Server, keys_file  # type: ignore[no-redef]
     from workers import Lane, echo_worker, qbatch  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.integration

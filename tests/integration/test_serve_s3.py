@@ -13,19 +13,11 @@ import pytest
 
 from producer.cli_common import EXIT_USAGE
 from tests.s3_fixtures import BUCKET, CREDENTIALS, moto_s3, object_keys
+from tests.serve_fixtures import Server, batch_lines, jsonl, keys_file, read_file, wait_batch
 
 try:
-    from tests.integration.test_serve import (
-        Server,
-        batch_lines,
-        jsonl,
-        keys_file,
-        read_file,
-        wait_batch,
-    )
     from tests.integration.workers import Lane, echo_worker, qbatch
 except ModuleNotFoundError:
-    from test_serve import Server, batch_lines, jsonl, keys_file, read_file, wait_batch  # type: ignore[no-redef]
     from workers import Lane, echo_worker, qbatch  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.integration

@@ -71,11 +71,18 @@ def _load_one(path: Path) -> Any:
     return docs[0]
 
 
+def _serve_registry() -> Any:
+    """`qbatch serve`'s own registry (its usage counters; no store is touched)."""
+    from producer.serve.metrics import UsageRecorder
+
+    return UsageRecorder(store=None).registry  # type: ignore[arg-type]
+
+
 @cache
 def allowed_metric_names() -> frozenset[str]:
-    """Series names the worker can export, from the registry itself."""
+    """Series names the worker and `qbatch serve` can export, from the registries."""
     names: set[str] = set()
-    for family in REGISTRY.collect():
+    for family in [*REGISTRY.collect(), *_serve_registry().collect()]:
         if family.type == "counter":
             names.add(family.name + "_total")
         elif family.type == "histogram":
@@ -551,6 +558,7 @@ def test_dashboard_covers_the_operator_questions() -> None:
         "qbatch_in_flight_requests", "qbatch_pending_result_writes", "qbatch_consumer_lag",
         "qbatch_generation_tokens_per_second", "qbatch_engine_kv_cache_usage_ratio",
         "qbatch_dead_lettered_total", "qbatch_redis_up", "qbatch_partitions_paused",
+        "qbatch_serve_usage_requests_total", "qbatch_serve_usage_tokens_total",
     }  # fmt: skip
     assert required <= used, f"dashboard lacks {sorted(required - used)}"
     exprs = " ".join(_dashboard_exprs())
@@ -565,7 +573,7 @@ def test_dashboard_structure() -> None:
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids)), "duplicate panel ids"
     names = {v["name"] for v in dash["templating"]["list"]}
-    assert {"datasource", "job", "instance"} <= names
+    assert {"datasource", "job", "instance", "serve_job", "tenant"} <= names
     for p in panels:
         if p["type"] == "row":
             continue
@@ -576,8 +584,13 @@ def test_dashboard_structure() -> None:
         refs = [t["refId"] for t in p["targets"]]
         assert len(refs) == len(set(refs))
         for t in p["targets"]:
+            # `qbatch serve`'s series by its job and the tenant variable (by tenant)
+            if "qbatch_serve_" in t["expr"]:
+                assert 'job=~"$serve_job"' in t["expr"], f"{p['title']}: {t['expr']}"
+                assert 'tenant=~"$tenant"' in t["expr"], f"{p['title']}: {t['expr']}"
+                assert "tenant" in t["legendFormat"], f"{p['title']}: by tenant"
             # every per-worker series is filtered by the dashboard's job/instance variables
-            if "qbatch_" in t["expr"]:
+            elif "qbatch_" in t["expr"]:
                 assert 'job=~"$job"' in t["expr"], f"{p['title']}: {t['expr']}"
         g = p["gridPos"]
         assert g["x"] >= 0 and g["x"] + g["w"] <= 24
@@ -603,6 +616,7 @@ def test_alert_rules_are_complete() -> None:
 
 def _promql_ready(expr: str) -> str:
     expr = expr.replace("$__rate_interval", "5m").replace("$__interval", "1m")
+    expr = expr.replace("$__range", "1h")
     return re.sub(r"\$\{?\w+\}?", ".*", expr)
 
 
@@ -630,6 +644,13 @@ def test_prometheus_config_scrapes_the_worker_and_loads_the_rules() -> None:
     mounts = {
         v.split(":")[1]: v.split(":")[0] for v in compose["services"]["prometheus"]["volumes"]
     }
+    # `qbatch serve`: its /metrics on the API port compose gives it
+    serve_port = compose["services"]["serve"]["environment"]["QBATCH_SERVE_PORT"]
+    serve_job = jobs["qbatch-serve"]
+    assert serve_job.get("metrics_path", "/metrics") == "/metrics"
+    assert [t for sc in serve_job["static_configs"] for t in sc["targets"]] == [
+        f"serve:{serve_port}"
+    ]
     for rule_file in cfg["rule_files"]:
         src = mounts[rule_file]
         assert (DOCKER / src).resolve() == ALERTS.resolve()
@@ -944,6 +965,12 @@ def _check_serve_objects(docs: list[dict[str, Any]] | tuple[dict[str, Any], ...]
     assert _matches(service["spec"]["selector"], pod["metadata"]["labels"])
     (svc_port,) = service["spec"]["ports"]
     assert _resolve_port(container, svc_port["targetPort"]) == port
+    # Prometheus Operator scrapes /metrics on that port, job="qbatch-serve" as in compose
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor" and _component(d) == SERVE]
+    assert _matches(monitor["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics" and _resolve_port(container, endpoint["port"]) == port
+    assert pod["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "qbatch-serve"
 
 
 def test_serve_is_deployed_with_keys_storage_and_probes() -> None:

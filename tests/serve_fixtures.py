@@ -1,0 +1,146 @@
+"""`qbatch serve` as a subprocess on a loopback port, and OpenAI Batch file helpers.
+
+Shared by `tests/integration/test_serve*.py` and `tests/benchmarks/bench_serve.py`; no
+pytest here, so a benchmark script can import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from tests.integration.workers import REPO, Lane
+
+KEY_A, KEY_B = "sk-test-team-a-0123456789", "sk-test-team-b-9876543210"
+UPLOAD_LIMIT_B = 8_192
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    lane: Lane
+    storage: Path | str
+    """--storage: a directory or a storage URL (s3://...)."""
+    keys_file: Path
+    log: Path
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> Server:
+        self.port = free_port()
+        env = self.lane.env()
+        env["QBATCH_API_KEYS"] = f"{KEY_A}:team-a"
+        env.update(self.extra_env)
+        cmd = [
+            sys.executable,
+            "-m",
+            "producer.cli",
+            *self.lane.cli_args(),
+            "serve",
+            "--port",
+            str(self.port),
+            "--storage-dir",
+            str(self.storage),
+            "--keys-file",
+            str(self.keys_file),
+            "--models",
+            "echo",
+        ]
+        sink = self.log.open("ab")
+        self.proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=sink, stderr=sink)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).is_success:
+                    return self
+            time.sleep(0.2)
+        raise AssertionError(f"server did not start:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def client(self, key: str = KEY_A, **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key=key, **kwargs)
+
+
+def keys_file(path: Path) -> Path:
+    """team-b's key, stored hashed, with small per-tenant limits."""
+    doc = {
+        "keys": [{"sha256": hashlib.sha256(KEY_B.encode()).hexdigest(), "tenant": "team-b"}],
+        "tenants": {"team-b": {"max_upload_bytes": UPLOAD_LIMIT_B, "max_concurrent_batches": 1}},
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def batch_lines(n: int, url: str = "/v1/chat/completions") -> list[dict[str, Any]]:
+    return [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": url,
+            "body": {"model": "echo", "messages": [{"role": "user", "content": f"m{i}"}]},
+        }
+        for i in range(n)
+    ]
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def read_file(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    text = client.files.content(file_id).text
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def wait_batch(
+    client: openai.OpenAI,
+    batch_id: str,
+    until: set[str],
+    timeout: float = 120,
+    poll_s: float = 0.2,
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in until:
+            return batch
+        assert time.monotonic() < deadline, f"batch stuck in {batch.status}: {batch}"
+        time.sleep(poll_s)
