@@ -108,6 +108,30 @@ def test_batch_upload_create_poll_download(fast: Server) -> None:
     assert done.output_file_id in [f.id for f in client.files.list()]
 
 
+def test_lines_that_fail_in_the_worker_go_to_the_error_file(fast: Server) -> None:
+    """Valid lines the worker refuses (an output budget over the echo worker's 32,768-token
+    context) are answered in the error file; the rest in the output file."""
+    client = fast.client()
+    lines = batch_lines(6)
+    for i in (1, 4):
+        lines[i]["body"]["max_tokens"] = 40_000
+    up = client.files.create(file=("mixed.jsonl", jsonl(lines)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=up.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = wait_batch(client, batch.id, {"completed", "failed"})
+    assert done.status == "completed", done
+    counts = done.request_counts
+    assert counts is not None and (counts.total, counts.completed, counts.failed) == (6, 4, 2)
+    out, errs = read_file(client, done.output_file_id), read_file(client, done.error_file_id)
+    assert sorted(x["custom_id"] for x in out) == ["c0", "c2", "c3", "c5"]
+    assert sorted(x["custom_id"] for x in errs) == ["c1", "c4"]
+    for line in errs:
+        assert line["error"]["code"] == "context_length_exceeded"
+        assert line["response"]["status_code"] == 400
+        assert line["response"]["body"]["error"]["param"] == "body.max_tokens"
+
+
 def test_bad_lines_fail_the_batch_with_per_line_errors(fast: Server) -> None:
     client = fast.client()
     lines = batch_lines(5)
