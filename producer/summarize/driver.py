@@ -79,6 +79,8 @@ class Driver:
         )
         self.bar = bar
         self.db = WorkDB(config.work_dir / "state.db")
+        self._submitted: set[int] = set()
+        """Rounds this run has published (a wave, while planning): not hashed again."""
 
     def close(self) -> None:
         self.db.close()
@@ -255,6 +257,8 @@ class Driver:
     def _submit_round(self, round_no: int, total: int) -> int:
         """Publish a round's requests (resuming; a no-op once it is submitted); returns
         how many were published now."""
+        if round_no in self._submitted:
+            return 0
         path = self._round_file(round_no)
         job = self.round_job(round_no)
         with self._bar(f"submit {self._label(round_no)}") as on_progress:
@@ -268,6 +272,7 @@ class Driver:
                 on_progress=on_progress,
                 lane=self.cfg.lane,
             )
+        self._submitted.add(round_no)
         return report.published
 
     def _label(self, round_no: int) -> str:
