@@ -43,6 +43,7 @@ from schemas import (
     validate_envelope,
 )
 from schemas.kafka_compat import repair_idempotent_reset
+from schemas.redis_conn import connect, is_cluster, mget
 from schemas.request import OPTION_NAMES
 from schemas.routes import RouteTable
 from schemas.settings import BULK
@@ -206,9 +207,7 @@ class QBatchClient:
     @property
     def redis(self) -> Any:
         if self._redis is None:
-            self._redis = redis.Redis.from_url(
-                self.settings.redis_url, **self.settings.redis_kwargs()
-            )
+            self._redis = connect(self.settings.redis_url, **self.settings.redis_kwargs())
         return self._redis
 
     @property
@@ -347,7 +346,7 @@ class QBatchClient:
         out: dict[str, ResultEnvelope | None] = {}
         for start in range(0, len(request_ids), 1000):
             chunk = list(request_ids[start : start + 1000])
-            values = self.redis.mget([self.keys.result(rid) for rid in chunk])
+            values = mget(self.redis, [self.keys.result(rid) for rid in chunk])
             for rid, raw in zip(chunk, values, strict=True):
                 out[rid] = parse_result(raw)
         return out
@@ -356,6 +355,8 @@ class QBatchClient:
         """Sleep until one of the wake-up lists gets a token, at most `seconds`."""
         if seconds <= 0:
             return
+        if is_cluster(self.redis):
+            keys = list(keys)[:1]  # one BLPOP cannot span slots: the others are polled
         try:
             self.redis.blpop(list(keys), timeout=max(seconds, 0.01))
         except redis.exceptions.ResponseError:

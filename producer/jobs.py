@@ -33,6 +33,7 @@ from producer.client import QBatchClient, now_utc
 from producer.job_view import JobView
 from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope
 from schemas.limits import DEFAULT_RESULT_TTL_S
+from schemas.redis_conn import mget
 from schemas.replies import ResultWriter
 from schemas.scripts import lua
 from schemas.settings import BULK
@@ -214,7 +215,7 @@ class JobStore:
     def results(self, request_ids: Sequence[str]) -> list[bytes | None]:
         if not request_ids:
             return []
-        return list(self.redis.mget([self.keys.result(rid) for rid in request_ids]))
+        return mget(self.redis, [self.keys.result(rid) for rid in request_ids])
 
 
 # ---------------------------------------------------------------- submit

@@ -128,13 +128,11 @@ class UsageStore:
 
     def tenants(self) -> list[str]:
         """Every tenant with usage recorded (SCAN over the usage keys)."""
-        head = self.keys.serve_usage("", "")[:-1]  # `{prefix}:serve:usage:`
         found: set[str] = set()
-        for raw in self.redis.scan_iter(match=head + "*", count=1000):
-            key = raw.decode() if isinstance(raw, bytes) else raw
-            tenant, _, _day = key[len(head) :].rpartition(":")
-            if tenant:
-                found.add(tenant)
+        for raw in self.redis.scan_iter(match=self.keys.serve_usage_scan(), count=1000):
+            parsed = self.keys.serve_usage_of(raw.decode() if isinstance(raw, bytes) else raw)
+            if parsed is not None:
+                found.add(parsed[0])
         return sorted(found)
 
     def rows(self, tenants: Iterable[str], days: list[str]) -> list[UsageRow]:

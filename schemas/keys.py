@@ -10,6 +10,14 @@ worker write outside its prefix, and no two (kind, id) pairs give the same key:
   RESERVED_JOB_SUFFIXES`, refused at the edge): job `vic:done` would otherwise be job
   `vic`'s stream. This keeps the v1 key names, so nothing written before changes.
 
+**Redis Cluster** (`RedisKeys(cluster=True)`, chosen by a `redis+cluster://` URL): every id
+is wrapped in a hash tag, `qbatch:result:{<request_id>}`, so the keys a script touches
+together share a slot: a result's key and wake-up list (tag: the request_id), a job's hash,
+stream, cancel flag and counted set (tag: the job_id), a tenant-day's usage and its counted
+set. `qbatch serve`'s batch records, which one transaction updates together, all carry the
+fixed tag `{serve}`. Ids never hold `{` or `}`, so the tag is exactly the id and the layout
+stays injective (the same proof, ids wrapped).
+
 tests/unit/test_keys.py proves the layout injective over generated ids built to collide.
 """
 
@@ -66,56 +74,90 @@ class StreamField(StrEnum):
 @dataclass(frozen=True, slots=True)
 class RedisKeys:
     prefix: str = "qbatch"
+    cluster: bool = False
+    """Redis Cluster layout: ids wrapped in hash tags (see the module docstring)."""
+
+    def _tag(self, slot_id: str) -> str:
+        return f"{{{slot_id}}}" if self.cluster else slot_id
 
     def result(self, request_id: str) -> str:
-        return f"{self.prefix}:result:{request_id}"
+        return f"{self.prefix}:result:{self._tag(request_id)}"
 
     def done(self, request_id: str) -> str:
-        return f"{self.prefix}:done:{request_id}"
+        return f"{self.prefix}:done:{self._tag(request_id)}"
 
     def job(self, job_id: str) -> str:
-        return f"{self.prefix}:job:{job_id}"
+        return f"{self.prefix}:job:{self._tag(job_id)}"
 
     def job_stream(self, job_id: str) -> str:
-        return f"{self.prefix}:job:{job_id}:done"
+        return f"{self.job(job_id)}:done"
 
     def job_cancel(self, job_id: str) -> str:
-        return f"{self.prefix}:job:{job_id}:cancel"
+        return f"{self.job(job_id)}:cancel"
+
+    def job_counted(self, job_id: str) -> str:
+        """Set (cluster layout only): the request ids this job's counters include. On a
+        cluster a result and its job live in different slots, so the result is written
+        first and counted in its job by a second script; this set makes that second step
+        idempotent (a crash between the two, or two workers racing, counts once)."""
+        return f"{self.job(job_id)}:counted"
 
     def tool_call(self, request_id: str, turn: int, fingerprint: str) -> str:
         """String: the recorded outcome (`schemas.tool_loop.CallRecord` JSON) of one call
         of a tool loop's turn; `fingerprint` is a hex digest of the call (id, name,
         arguments), so only the same call reuses it."""
-        return f"{self.prefix}:toolcall:{request_id}:{turn}:{fingerprint}"
+        return f"{self.prefix}:toolcall:{self._tag(request_id)}:{turn}:{fingerprint}"
 
     def serve_batch(self, batch_id: str) -> str:
         """Hash: one OpenAI Batch object of `qbatch serve` (its bulk job is `job(batch_id)`).
         Kind `serve` is a fixed word, so these keys meet no other kind's."""
-        return f"{self.prefix}:serve:batch:{batch_id}"
+        return f"{self._serve()}:batch:{batch_id}"
 
     def serve_tenant_batches(self, tenant: str) -> str:
         """Sorted set: a tenant's batch ids by creation time (ms), for `GET /v1/batches`.
         Tenant names hold no `:` (`producer.serve.auth`), so two tenants never share it."""
-        return f"{self.prefix}:serve:tenant:{tenant}:batches"
+        return f"{self._serve()}:tenant:{tenant}:batches"
 
     def serve_tenant_active(self, tenant: str) -> str:
         """Set: a tenant's batches not in a final state (its concurrent-batch limit)."""
-        return f"{self.prefix}:serve:tenant:{tenant}:active"
+        return f"{self._serve()}:tenant:{tenant}:active"
 
     def serve_active(self) -> str:
         """Set: every batch not in a final state; the server's runner resumes these."""
-        return f"{self.prefix}:serve:active"
+        return f"{self._serve()}:active"
+
+    def _serve(self) -> str:
+        """`qbatch serve`'s batch records: one transaction (WATCH/MULTI) updates a batch
+        and its tenant's sets together, so on a cluster they share the tag `{serve}`."""
+        return f"{self.prefix}:{{serve}}" if self.cluster else f"{self.prefix}:serve"
 
     def serve_usage(self, tenant: str, day: str) -> str:
         """Hash `{kind}:{model}` -> count: a tenant's usage on UTC day `day` (YYYY-MM-DD),
         kinds `producer.usage.KINDS`. The day holds no `:`, so it is the last segment and
         the tenant is the rest: no two (tenant, day) pairs share a key."""
-        return f"{self.prefix}:serve:usage:{tenant}:{day}"
+        return f"{self.prefix}:serve:usage:{self._tag(f'{tenant}:{day}')}"
+
+    def serve_usage_scan(self) -> str:
+        """SCAN pattern of every `serve_usage` key (see `serve_usage_of`)."""
+        return f"{self.prefix}:serve:usage:*"
+
+    def serve_usage_of(self, key: str) -> tuple[str, str] | None:
+        """(tenant, day) of a `serve_usage` key, None for any other key."""
+        head = f"{self.prefix}:serve:usage:"
+        if not key.startswith(head):
+            return None
+        rest = key[len(head) :]
+        if self.cluster:
+            if not (rest.startswith("{") and rest.endswith("}")):
+                return None
+            rest = rest[1:-1]
+        tenant, _, day = rest.rpartition(":")
+        return (tenant, day) if tenant and day else None
 
     def serve_usage_counted(self, tenant: str, day: str) -> str:
         """Set: the request ids already added to `serve_usage(tenant, day)` (each result
         counts once, however often it is seen)."""
-        return f"{self.prefix}:serve:counted:{tenant}:{day}"
+        return f"{self.prefix}:serve:counted:{self._tag(f'{tenant}:{day}')}"
 
     def strikes(self, group: str) -> str:
         """Hash `{topic}/{partition}/{offset}` -> how often a worker of consumer group

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from schemas.keys import RedisKeys
+from schemas.redis_conn import eval_many
 from schemas.result import ResultEnvelope
 from schemas.scripts import lua
 
@@ -43,6 +44,10 @@ class WriteReply:
 _CODES = {1: WriteStatus.written, 0: WriteStatus.existed, 3: WriteStatus.other_job}
 
 
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 def _reply(raw: Any) -> WriteReply:
     if isinstance(raw, int):
         return WriteReply(_CODES[raw])
@@ -57,6 +62,7 @@ class ResultWriter:
     """Writes result envelopes once each (see `schemas/lua/write_results.lua`)."""
 
     def __init__(self, client: Any, keys: RedisKeys) -> None:
+        self._client = client
         self._keys = keys
         self._write_script = client.register_script(lua("write_results"))
         self._duplicate_script = client.register_script(lua("record_duplicate"))
@@ -78,6 +84,8 @@ class ResultWriter:
         """
         if not results:
             return []
+        if self._keys.cluster:
+            return self._write_cluster(results, now_ms, job_bookkeeping, encoded)
         keys: list[str] = []
         args: list[str | int | bytes] = [now_ms]
         for i, (result, ttl_s) in enumerate(results):
@@ -98,6 +106,87 @@ class ResultWriter:
                 job,
             ]
         return [_reply(raw) for raw in self._write_script(keys=keys, args=args)]
+
+    def _write_cluster(
+        self,
+        results: Sequence[tuple[ResultEnvelope, int]],
+        now_ms: int,
+        job_bookkeeping: bool,
+        encoded: Sequence[bytes] | None,
+    ) -> list[WriteReply]:
+        """On a Redis Cluster a result's keys and its job's keys live in different slots,
+        so one script cannot change both. Three pipelined round trips instead: the job
+        keys' types (a job with a broken key refuses its results before any is written,
+        as the single script does); each result's own keys, once (`write_result_cluster`);
+        then each job counts the results written now or found from before
+        (`count_results`, idempotent through the job's counted set). Readers see a result
+        before its job entry, and a crash between the two is mended on redelivery: the
+        admission treats a result not yet counted in its job as unanswered."""
+        jobs = sorted({r.job_id for r, _ in results if r.job_id and job_bookkeeping})
+        broken = self._broken_jobs(jobs)
+        replies: list[WriteReply | None] = [None] * len(results)
+        calls, where = [], []
+        for i, (result, ttl_s) in enumerate(results):
+            job = (result.job_id if job_bookkeeping else None) or ""
+            if job in broken:
+                replies[i] = WriteReply(WriteStatus.wrong_type, broken[job])
+                continue
+            rid = result.request_id
+            data = encoded[i] if encoded is not None else result.model_dump_json(exclude_none=True)
+            calls.append(([self._keys.result(rid), self._keys.done(rid)], [data, ttl_s, job]))
+            where.append(i)
+        counts: dict[str, list[tuple[ResultEnvelope, str, int]]] = {}
+        written = eval_many(self._client, lua("write_result_cluster"), calls)
+        for i, raw in zip(where, written, strict=True):
+            if isinstance(raw, Exception):
+                raise raw
+            result, ttl_s = results[i]
+            if isinstance(raw, list):
+                code, status = int(raw[0]), _text(raw[1])
+                replies[i] = WriteReply(_CODES[code])
+                job = (result.job_id if job_bookkeeping else None) or ""
+                if job and code in (0, 1):
+                    counts.setdefault(job, []).append(
+                        (result, result.status.value if code == 1 else status, ttl_s)
+                    )
+            else:
+                replies[i] = _reply(raw)
+        self._count(counts, now_ms)
+        return [r if r is not None else WriteReply(WriteStatus.existed) for r in replies]
+
+    def _broken_jobs(self, jobs: Sequence[str]) -> dict[str, str]:
+        """job_id -> why, for the jobs whose hash, stream or counted set has another type."""
+        if not jobs:
+            return {}
+        want = (
+            ("job", "hash", self._keys.job),
+            ("stream", "stream", self._keys.job_stream),
+            ("counted", "set", self._keys.job_counted),
+        )
+        pipe = self._client.pipeline(transaction=False)
+        for job in jobs:
+            for _role, _type, key in want:
+                pipe.type(key(job))
+        types = iter(_text(t) for t in pipe.execute())
+        broken = {}
+        for job in jobs:
+            for role, kind, _key in want:
+                found = next(types)
+                if found not in ("none", kind) and job not in broken:
+                    broken[job] = f"its {role} key holds a Redis {found}"
+        return broken
+
+    def _count(self, counts: dict[str, list[tuple[ResultEnvelope, str, int]]], now_ms: int) -> None:
+        calls = []
+        for job, items in counts.items():
+            args: list[Any] = [now_ms, max(ttl for _, _, ttl in items)]
+            for result, status, _ttl in items:
+                args += [result.request_id, result.custom_id or "", status]
+            keys = [self._keys.job(job), self._keys.job_stream(job), self._keys.job_counted(job)]
+            calls.append((keys, args))
+        for raw in eval_many(self._client, lua("count_results"), calls):
+            if isinstance(raw, Exception):
+                raise raw
 
     def record_duplicate(self, result: ResultEnvelope, ttl_s: int, now_ms: int) -> WriteReply:
         """Count `result` (a failed `duplicate_request_id` result) in its job, once; the

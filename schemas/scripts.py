@@ -15,7 +15,7 @@ from importlib import resources
 from string import Template
 
 from schemas.keys import DONE_TOKEN, DUPLICATE_FIELD_PREFIX, JobField, JobStatus, StreamField
-from schemas.result import Status
+from schemas.result import ResultEnvelope, Status
 
 __all__ = ["SCRIPT_NAMES", "function", "lua", "placeholders"]
 
@@ -29,17 +29,27 @@ SCRIPT_NAMES = (
     "job_mark_submitted",
     "job_cancel",
     "job_begin_retry",
+    "write_result_cluster",
+    "count_results",
 )
 
 
 def placeholders() -> dict[str, str]:
     """`${...}` name -> value, from the enums."""
     names: dict[str, str] = {"done_token": DONE_TOKEN, "dup_prefix": DUPLICATE_FIELD_PREFIX}
+    names["result_status"] = _result_field("status")
     names.update({f"F_{f.name}": f.value for f in JobField})
     names.update({f"S_{s.name}": s.value for s in JobStatus})
     names.update({f"R_{s.name}": s.value for s in Status})
     names.update({f"X_{x.name}": x.value for x in StreamField})
     return names
+
+
+def _result_field(name: str) -> str:
+    """A field of the result envelope JSON a script reads (fails to load if renamed)."""
+    if name not in ResultEnvelope.model_fields:
+        raise KeyError(f"the result envelope has no field {name!r}")
+    return name
 
 
 def _source(name: str) -> str:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.keys import RedisKeys
+from schemas.redis_conn import is_cluster_url
 from schemas.routes import RouteTable
 
 INTERACTIVE = "interactive"
@@ -43,7 +44,11 @@ class ConnectionSettings(BaseSettings):
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated."
     )
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL; rediss:// for TLS.")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis URL; rediss:// for TLS; redis+cluster://host:port[,host:port...] "
+        "(or rediss+cluster://) for a Redis Cluster, whose keys then carry hash tags.",
+    )
     topic: str = Field(
         "qbatch.requests", description="The requests topic (the `interactive` lane)."
     )
@@ -94,7 +99,7 @@ class ConnectionSettings(BaseSettings):
 
     @property
     def keys(self) -> RedisKeys:
-        return RedisKeys(self.prefix)
+        return RedisKeys(self.prefix, cluster=is_cluster_url(self.redis_url))
 
     @model_validator(mode="after")
     def _distinct_lanes(self) -> ConnectionSettings:
@@ -143,7 +148,7 @@ class ConnectionSettings(BaseSettings):
         return kwargs
 
     def redis_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for `redis.Redis.from_url(self.redis_url, **kwargs)`."""
+        """Keyword arguments for `schemas.redis_conn.connect(self.redis_url, **kwargs)`."""
         kwargs: dict[str, Any] = {}
         if self.redis_password:
             kwargs["password"] = self.redis_password.get_secret_value()

@@ -46,6 +46,7 @@ from schemas import ConnectionSettings, ErrorCode, ErrorInfo, RequestEnvelope, d
 from schemas.decode import encode_request
 from schemas.kafka_compat import repair_idempotent_reset
 from schemas.limits import MAX_ENVELOPE_BYTES
+from schemas.redis_conn import connect, mget
 from schemas.tool_events import ToolTurnEvent
 from schemas.tool_loop import CallRecord, LoopState
 from worker import metrics
@@ -80,7 +81,7 @@ class CallLedger:
     def lookup(self, keys: list[str]) -> dict[str, CallRecord]:
         if not keys:
             return {}
-        values: list[Any] = list(self._client.mget(keys))  # type: ignore[arg-type]
+        values: list[Any] = mget(self._client, keys)
         found: dict[str, CallRecord] = {}
         for key, value in zip(keys, values, strict=True):
             if value is None:
@@ -144,7 +145,7 @@ class ToolExecutor:
         self.state = state or ExecutorState()
         self._stop = threading.Event()
         kafka = settings.kafka_kwargs()
-        self._redis = redis.Redis.from_url(
+        self._redis = connect(
             settings.redis_url,
             socket_timeout=5,
             socket_connect_timeout=5,

@@ -239,7 +239,7 @@ class BatchStore:
         (False). Check and insert are one transaction (WATCH), so concurrent creates
         cannot overshoot the limit."""
         active = self.keys.serve_tenant_active(record.tenant)
-        with self.redis.pipeline() as pipe:
+        with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(active)
@@ -281,7 +281,7 @@ class BatchStore:
         key = self.keys.serve_batch(batch_id)
         mapping = {k: _encode(k, v) for k, v in values.items() if v is not None}
         allowed = set(allowed)
-        with self.redis.pipeline() as pipe:
+        with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(key)

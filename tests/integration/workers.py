@@ -135,9 +135,9 @@ class Lane:
         )
 
     def clean_redis(self) -> None:
-        import redis
+        from schemas.redis_conn import connect
 
-        client = redis.Redis.from_url(self.redis_url)
+        client = connect(self.redis_url)
         try:
             keys = list(client.scan_iter(match=f"{self.prefix}:*", count=10_000))
             for start in range(0, len(keys), 5_000):

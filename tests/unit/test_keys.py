@@ -40,6 +40,7 @@ def all_keys(
             ("job", job, keys.job(job)),
             ("job_stream", job, keys.job_stream(job)),
             ("job_cancel", job, keys.job_cancel(job)),
+            ("job_counted", job, keys.job_counted(job)),
             ("strikes", job, keys.strikes(job)),
             # qbatch serve: batch ids and tenant names come from the same id alphabet
             ("serve_batch", job, keys.serve_batch(job)),
@@ -56,11 +57,16 @@ def all_keys(
 
 
 @settings(max_examples=400, deadline=None, database=None)
-@given(prefixes, st.lists(ids, max_size=12, unique=True), st.lists(ids, max_size=12, unique=True))
+@given(
+    prefixes,
+    st.lists(ids, max_size=12, unique=True),
+    st.lists(ids, max_size=12, unique=True),
+    st.booleans(),
+)
 def test_every_key_function_is_injective_across_kinds(
-    prefix: str, request_ids: list[str], job_ids: list[str]
+    prefix: str, request_ids: list[str], job_ids: list[str], cluster: bool
 ) -> None:
-    keys = RedisKeys(prefix)
+    keys = RedisKeys(prefix, cluster=cluster)
     job_ids = [j for j in job_ids if allowed_job(j)]
     seen: dict[str, tuple[str, str]] = {}
     for kind, ident, key in all_keys(keys, request_ids, job_ids):
@@ -89,3 +95,46 @@ def test_a_reserved_job_suffix_is_refused_naming_job_id(job_id: str) -> None:
         decode_request(raw, b"r1")
     assert info.value.param == "job_id"
     assert ":done" in info.value.message and info.value.request_id == "r1"
+
+
+def crc16_slot(key: str) -> int:
+    """Redis Cluster's slot of a key (CRC16/XMODEM of its hash tag, mod 16384)."""
+    start = key.find("{")
+    if start != -1:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            key = key[start + 1 : end]
+    crc = 0
+    for byte in key.encode():
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc % 16384
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(prefixes, ids, ids)
+def test_cluster_keys_a_script_touches_together_share_a_slot(
+    prefix: str, rid: str, job: str
+) -> None:
+    keys = RedisKeys(prefix, cluster=True)
+    assert crc16_slot(keys.result(rid)) == crc16_slot(keys.done(rid))
+    job_keys = (keys.job, keys.job_stream, keys.job_cancel, keys.job_counted)
+    assert len({crc16_slot(k(job)) for k in job_keys}) == 1
+    serve = [keys.serve_batch(job), keys.serve_tenant_batches(rid), keys.serve_active()]
+    serve.append(keys.serve_tenant_active(rid))
+    assert len({crc16_slot(k) for k in serve}) == 1
+    day = "2026-12-05"
+    assert crc16_slot(keys.serve_usage(rid, day)) == crc16_slot(keys.serve_usage_counted(rid, day))
+    # the standalone layout is the v1 contract, unchanged
+    assert RedisKeys(prefix).result(rid) == f"{prefix}:result:{rid}"
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_usage_keys_parse_back(cluster: bool) -> None:
+    keys = RedisKeys("qb", cluster=cluster)
+    key = keys.serve_usage("team-a.x", "2026-12-05")
+    assert keys.serve_usage_of(key) == ("team-a.x", "2026-12-05")
+    assert keys.serve_usage_of(keys.serve_usage_counted("t", "2026-12-05")) is None
+    assert keys.serve_usage_of(keys.result("r")) is None

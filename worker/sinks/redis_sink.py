@@ -8,12 +8,15 @@ request that raced its twin cannot count twice in its job. The scripts check eve
 type before writing, so a key of the wrong type refuses one result instead of
 half-writing it.
 
-All keys of one request are assumed to live on one Redis node (no Cluster hash tags are
-used); see deploy/README.md.
+On a Redis Cluster (a `redis+cluster://` URL) the keys carry hash tags and a result is
+written in two idempotent steps (its own keys, then its job's counters: see
+`ResultWriter`); the admission then also asks whether a result found is counted in its
+job yet, and runs the request again when it is not, so the second step happens.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -21,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 
 from schemas import RedisKeys, RequestEnvelope, ResultEnvelope
+from schemas.redis_conn import connect, is_cluster, mget
 from schemas.replies import ResultWriter, WriteReply, WriteStatus
 from schemas.scripts import lua
 from schemas.settings import ConnectionSettings
@@ -75,7 +79,7 @@ class RedisSink(ReplySink):
     name = "redis"
     dedupes = True
 
-    def __init__(self, client: redis.Redis, keys: RedisKeys, where: str = "") -> None:
+    def __init__(self, client: Any, keys: RedisKeys, where: str = "") -> None:
         self.where = where
         self._client = client
         self._keys = keys
@@ -84,7 +88,7 @@ class RedisSink(ReplySink):
 
     @classmethod
     def from_settings(cls, settings: ConnectionSettings) -> RedisSink:
-        client = redis.Redis.from_url(
+        client = connect(
             settings.redis_url,
             socket_timeout=5,
             socket_connect_timeout=5,
@@ -94,7 +98,7 @@ class RedisSink(ReplySink):
         return cls(client, settings.keys, _redacted(settings.redis_url))
 
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> Any:
         return self._client
 
     def admission(self, envelopes: Sequence[RequestEnvelope]) -> Admission:
@@ -105,6 +109,8 @@ class RedisSink(ReplySink):
         keys += [self._keys.job_cancel(job) for job in jobs]
         if not keys:
             return Admission()
+        if is_cluster(self._client):
+            return call(lambda: self._cluster_admission(envelopes, jobs))
         replies: list[Any] = call(
             lambda: self._admission_script(keys=keys, args=[len(request_ids)])
         )
@@ -117,11 +123,40 @@ class RedisSink(ReplySink):
         )
         return Admission(answered, cancelled)
 
+    def _cluster_admission(
+        self, envelopes: Sequence[RequestEnvelope], jobs: Sequence[str]
+    ) -> Admission:
+        """The admission script's answers from a pipeline (its keys span slots): a result
+        key of another type counts as absent, as there; and a result of this request's job
+        that the job has not counted yet (a crash between the two write steps) counts as
+        unanswered, so the request runs again and its write finishes the count."""
+        pipe = self._client.pipeline(transaction=False)
+        for env in envelopes:
+            pipe.get(self._keys.result(env.request_id))
+        for job in jobs:
+            pipe.type(self._keys.job_cancel(job))
+        raw = pipe.execute(raise_on_error=False)
+        answered: dict[str, str] = {}
+        for env, value in zip(envelopes, raw, strict=False):
+            if value is not None and not isinstance(value, Exception):
+                answered[env.request_id] = _job_of(value)
+        types = raw[len(envelopes) :]
+        cancelled = frozenset(job for job, t in zip(jobs, types, strict=True) if _s(t) == "string")
+        same = [e for e in envelopes if e.job_id and answered.get(e.request_id) == e.job_id]
+        if same:
+            pipe = self._client.pipeline(transaction=False)
+            for env in same:
+                pipe.sismember(self._keys.job_counted(env.job_id or ""), env.request_id)
+            for env, counted in zip(same, pipe.execute(raise_on_error=False), strict=True):
+                if counted is not True and counted != 1:
+                    del answered[env.request_id]
+        return Admission(answered, cancelled)
+
     def stored(self, request_ids: Sequence[str]) -> dict[str, bytes]:
         if not request_ids:
             return {}
         keys = [self._keys.result(r) for r in request_ids]
-        values: list[Any] = call(lambda: list(self._client.mget(keys)))  # type: ignore[arg-type]
+        values: list[Any] = call(lambda: mget(self._client, keys))
         return {
             rid: value if isinstance(value, bytes) else str(value).encode()
             for rid, value in zip(request_ids, values, strict=True)
@@ -152,6 +187,19 @@ class RedisSink(ReplySink):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _s(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _job_of(value: Any) -> str:
+    """The job_id of a stored result ('' when it has none or does not parse)."""
+    try:
+        job = json.loads(value).get("job_id")
+    except (ValueError, AttributeError):
+        return ""
+    return job if isinstance(job, str) else ""
 
 
 __all__ = ["RedisSink", "call"]

@@ -1,0 +1,85 @@
+"""Opening a Redis connection from a `QBATCH_REDIS_URL`: one server or a Redis Cluster.
+
+A URL whose scheme is `redis+cluster://` (or `rediss+cluster://` for TLS) names a cluster:
+one or more seed nodes, comma-separated (`redis+cluster://10.0.0.1:6379,10.0.0.2:6379`),
+from which redis-py discovers the rest and follows MOVED/ASK redirections and failovers.
+The key layout follows the URL (`RedisKeys(cluster=True)`, hash tags), so every script
+touches keys of one slot. Anything else is handed to `redis.Redis.from_url` unchanged.
+
+The few multi-key reads that span slots (`MGET` of many results) go through `mget`, which
+splits them by slot on a cluster; pipelines of scripts go through `eval_many`, since
+redis-py's cluster pipeline refuses `EVALSHA` but routes a plain `EVAL` by its first key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+__all__ = ["connect", "eval_many", "is_cluster", "is_cluster_url", "mget"]
+
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme.lower() in _CLUSTER_SCHEMES
+
+
+def connect(url: str, **kwargs: Any) -> Any:
+    """A `redis.Redis`, or a `RedisCluster` for a `redis+cluster://` URL (same kwargs)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in _CLUSTER_SCHEMES:
+        return redis.Redis.from_url(url, **kwargs)
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has database 0 only, got {parts.path!r} in the URL")
+    kwargs.pop("health_check_interval", None)  # per-connection on a cluster; not accepted
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    seeds = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not seeds:
+        raise ValueError("a redis+cluster:// URL needs at least one host:port")
+    first = urlunsplit(
+        (
+            _CLUSTER_SCHEMES[scheme],
+            f"{userinfo}@{seeds[0]}" if userinfo else seeds[0],
+            "",
+            parts.query,
+            "",
+        )
+    )
+    if len(seeds) > 1:
+        kwargs["startup_nodes"] = [_node(seed) for seed in seeds]
+    return RedisCluster.from_url(first, **kwargs)
+
+
+def _node(seed: str) -> ClusterNode:
+    host, _, port = seed.rpartition(":")
+    return ClusterNode(host.strip("[]") or seed, int(port) if port else 6379)
+
+
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def mget(client: Any, keys: Sequence[str]) -> list[Any]:
+    """`MGET`, split by slot on a cluster (not atomic there; every caller only reads)."""
+    if not keys:
+        return []
+    if is_cluster(client):
+        return list(client.mget_nonatomic(list(keys)))
+    return list(client.mget(list(keys)))
+
+
+def eval_many(
+    client: Any, script: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+) -> list[Any]:
+    """Run `script` once per (keys, args) in one pipeline, each call's keys in one slot;
+    the replies in order (an error reply is returned in place, not raised)."""
+    pipe = client.pipeline(transaction=False)
+    for keys, args in calls:
+        pipe.execute_command("EVAL", script, len(keys), *keys, *args)
+    return list(pipe.execute(raise_on_error=False))
