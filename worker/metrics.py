@@ -141,6 +141,7 @@ REDIS_UP = Gauge(
     "1 when the last Redis write succeeded, 0 while it is failing.",
     registry=REGISTRY,
 )
+REDIS_UP.set(1)  # as SinkHealth starts (all up); else a fresh worker fires QbatchRedisDown
 COMMITS = Counter("qbatch_offset_commits_total", "Offset commits made to Kafka.", registry=REGISTRY)
 SINK_UP = Gauge(
     "qbatch_sink_up",
