@@ -359,8 +359,12 @@ class Intake:
         self._on_assigned_count(len(self.consumer.assignment()))
         log.info("partitions_assigned", partitions=_names(assigned))
 
-    def on_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Commit what is done; what is not will be redelivered to the new owner."""
+    def on_revoked(self, revoked: set[TopicPartition], *, lost: bool = False) -> None:
+        """Commit what is done; what is not will be redelivered to the new owner.
+
+        `lost` (see `on_lost`): the group has already given these partitions to another
+        member; nothing is committed and nothing is rewound.
+        """
         self.absorb_written()
         if self.committer.rewinds_to_commit:
             # A transaction still running may yet commit these partitions (the group
@@ -374,6 +378,9 @@ class Intake:
             # Where to come back to if this partition stays here: the first record not
             # answered; with transactional results, the first record not committed (the
             # answered ones' results wait in memory for the commit, dropped just below).
+            if lost:
+                self._rewind.pop(tp, None)
+                continue
             if self.committer.rewinds_to_commit:
                 offset = self.tracker.uncommitted_from(tp)
             else:
@@ -387,17 +394,40 @@ class Intake:
             self._positions.pop(tp, None)
             with contextlib.suppress(KeyError):
                 metrics.CONSUMER_LAG.remove(tp.topic, str(tp.partition))
-        if final:
+        if final and not lost:
             self.commit(final, blocking=False)
         for tp in revoked:
             self.epochs[tp] = self.epochs.get(tp, 0) + 1
         self.committer.revoked(revoked, {tp: self.epochs[tp] for tp in revoked})
         self._on_assigned_count(max(0, len(self.consumer.assignment()) - len(revoked)))
+        if lost:
+            log.warning(
+                "partitions_lost",
+                partitions=_names(revoked),
+                undispatched_handed_back=len(dropped),
+                not_committed={f"{tp.topic}/{tp.partition}": off for tp, off in final.items()},
+                message="this worker was out of the group (session timeout) and its "
+                "partitions went to another member; their done offsets are not committed",
+            )
+            return
         log.info(
             "partitions_revoked",
             partitions=_names(revoked),
             undispatched_handed_back=len(dropped),
         )
+
+    def on_lost(self, lost: set[TopicPartition]) -> None:
+        """The group took these partitions away without a revoke: this member's session
+        expired (a long pause: GC, SIGSTOP, a VM freeze; a network partition), and another
+        member owns them now and may have answered and committed past anything seen here.
+
+        Unlike a revoke, nothing is committed (this member's generation is gone; the group
+        refuses it) and nothing is rewound: kafka-python has dropped their fetch positions
+        (its lost-membership path resets the assignment), so a partition that comes back
+        starts at the group's committed offset. A seek back to this worker's stale first
+        unanswered offset would re-read records the other member already answered, and
+        commit offsets BELOW that member's commit (tests/reliability/test_zombie.py)."""
+        self.on_revoked(lost, lost=True)
 
     # ------------------------------------------------------------------ drain
 

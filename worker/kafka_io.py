@@ -55,12 +55,21 @@ def time_in_kafka_s(record_timestamp_ms: int | None, dequeued_ms: int) -> float:
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, on_revoked: Partitions, on_assigned: Partitions) -> None:
+    def __init__(
+        self, on_revoked: Partitions, on_assigned: Partitions, on_lost: Partitions | None = None
+    ) -> None:
         self._on_revoked = on_revoked
         self._on_assigned = on_assigned
+        self._on_lost = on_lost or on_revoked
 
     def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         self._on_revoked(set(revoked))
+
+    def on_partitions_lost(self, lost: Iterable[TopicPartition]) -> None:
+        """kafka-python 3 calls this instead of `on_partitions_revoked` when the member was
+        already out of the group (session expired): the partitions belong to another member
+        and cannot be committed (the default would call `on_partitions_revoked`)."""
+        self._on_lost(set(lost))
 
     def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         self._on_assigned(set(assigned))
@@ -134,6 +143,7 @@ class RequestConsumer:
         on_revoked: Partitions,
         on_assigned: Partitions,
         stopping: Callable[[], bool] = lambda: False,
+        on_lost: Partitions | None = None,
     ) -> None:
         # Subscribe, THEN load the topic's metadata, before the first JoinGroup (first
         # poll). kafka-python 3.0.12 rebuilds the coordinator's metadata snapshot only on
@@ -143,7 +153,7 @@ class RequestConsumer:
         # second rebalance ~0.5 s after start. That rebalance is what dropped records
         # (see Worker._on_assigned) and, under load, never finished: the member expired,
         # the group went Empty and poll() spun at ~90% CPU without consuming.
-        self._listener = _Listener(on_revoked, on_assigned)
+        self._listener = _Listener(on_revoked, on_assigned, on_lost)
         self._stopping = stopping
         self._subscribe()
 

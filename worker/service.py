@@ -176,7 +176,12 @@ class Worker:
         gc.set_threshold(50_000, 20, 100)
         for thread in self._threads:
             thread.start()
-        self.consumer.subscribe(self.intake.on_revoked, self.intake.on_assigned, self._stop.is_set)
+        self.consumer.subscribe(
+            self.intake.on_revoked,
+            self.intake.on_assigned,
+            self._stop.is_set,
+            on_lost=self.intake.on_lost,
+        )
         log.info(
             "worker_started",
             worker_id=self.settings.worker_id,

@@ -102,3 +102,95 @@ def test_a_partition_that_comes_back_is_sought_to_the_settled_commit(commits: bo
     assert it.tracker.in_flight == 1
     it._mark_done([(TP, 10, 1)])
     assert it.tracker.in_flight == 0
+
+
+class PlainCommitter:
+    """At-least-once (worker.commits.ConsumerCommitter): records every commit asked for."""
+
+    rewinds_to_commit = False
+
+    def __init__(self) -> None:
+        self.commits: list[tuple[dict[TopicPartition, int], bool]] = []
+
+    def commit(self, offsets: Mapping[TopicPartition, int], *, blocking: bool = True) -> bool:
+        self.commits.append((dict(offsets), blocking))
+        return True
+
+    def completed(self) -> list[Mapping[TopicPartition, int]]:
+        return []
+
+    def settle(self, timeout_s: float) -> list[Mapping[TopicPartition, int]]:
+        return []
+
+    def revoked(
+        self, partitions: set[TopicPartition], epochs: Mapping[TopicPartition, int]
+    ) -> None:
+        self.revoked_epochs = dict(epochs)
+
+    def close(self) -> None:
+        return
+
+
+def holding(consumer: Consumer, committer: PlainCommitter) -> Intake:
+    """Offsets 0-9 of TP taken; 0-3 answered, 4-9 still running."""
+    it = intake(committer, consumer)
+    consumer.owned = {TP}
+    it.on_assigned({TP})
+    for offset in range(10):
+        it.tracker.track(TP, offset)
+    it._mark_done([(TP, offset, 0) for offset in range(4)])
+    return it
+
+
+def test_a_revoked_partition_commits_its_done_prefix_and_rewinds_if_it_stays() -> None:
+    consumer, committer = Consumer(), PlainCommitter()
+    it = holding(consumer, committer)
+    it.on_revoked({TP})
+    assert committer.commits == [({TP: 4}, False)]
+    it.on_assigned({TP})  # eager rebalance: kafka-python kept the fetch position (10)
+    assert consumer.seeks == [(TP, 4)]
+
+
+def test_a_lost_partition_is_neither_committed_nor_rewound() -> None:
+    """Session expired (a long pause, SIGSTOP): another member owns the partition and may
+    have committed past 10. kafka-python dropped its position, so when it comes back it
+    starts at the group's commit; a seek to 4 would re-read what the other member
+    answered and commit below its commit (tests/reliability/test_zombie.py)."""
+    consumer, committer = Consumer(), PlainCommitter()
+    it = holding(consumer, committer)
+    it.on_lost({TP})
+    assert committer.commits == []
+    assert committer.revoked_epochs == {TP: 1}
+    assert it.tracker.in_flight == 0 and TP not in it.tracker
+    it.on_assigned({TP})
+    assert consumer.seeks == []
+    # the stale batch finishing late counts for nothing in the new assignment
+    it.tracker.track(TP, 25)
+    it._mark_done([(TP, offset, 0) for offset in range(4, 10)])
+    assert it.tracker.in_flight == 1 and it.tracker.committable() == {TP: 25}
+
+
+def test_a_loss_after_a_revoke_forgets_the_rewind() -> None:
+    consumer, committer = Consumer(), PlainCommitter()
+    it = holding(consumer, committer)
+    it.on_revoked({TP})  # rewind to 4 recorded ...
+    it.on_lost({TP})  # ... but the member was expelled before the partition came back
+    it.on_assigned({TP})
+    assert consumer.seeks == []
+
+
+def test_the_listener_routes_a_loss() -> None:
+    from worker.kafka_io import _Listener
+
+    calls: list[tuple[str, set[TopicPartition]]] = []
+    listener = _Listener(
+        lambda p: calls.append(("revoked", p)),
+        lambda p: calls.append(("assigned", p)),
+        lambda p: calls.append(("lost", p)),
+    )
+    listener.on_partitions_lost([TP])
+    listener.on_partitions_revoked([TP])
+    assert calls == [("lost", {TP}), ("revoked", {TP})]
+    plain = _Listener(lambda p: calls.append(("revoked", p)), lambda p: None)
+    plain.on_partitions_lost([TP])  # no loss handler: handled as a revoke
+    assert calls[-1] == ("revoked", {TP})
