@@ -1,13 +1,16 @@
 """Small kafka-python helper used by deploy/local/stack.sh.
 
-    python kafka_ctl.py wait   --bootstrap HOST:PORT --timeout SECONDS
-    python kafka_ctl.py topics --bootstrap HOST:PORT NAME:PARTITIONS [NAME:PARTITIONS ...]
+    python kafka_ctl.py wait   --bootstrap HOST:PORT --timeout SECONDS [--brokers N]
+    python kafka_ctl.py topics --bootstrap HOST:PORT [--replication-factor R]
+                               NAME:PARTITIONS [NAME:PARTITIONS ...]
     python kafka_ctl.py list   --bootstrap HOST:PORT
 
-`wait` returns 0 once the broker answers a metadata request (and reports its
-cluster id), 1 on timeout. `topics` creates the topics that do not exist yet
-(idempotent) and waits until every partition has a leader; it warns (and does
-not alter) a topic that exists with a different partition count.
+`wait` returns 0 once the broker answers a metadata request listing at least
+`--brokers` brokers (default 1; the cluster mode of stack.sh waits for all 3) and
+reports its cluster id, 1 on timeout. `topics` creates the topics that do not exist
+yet (idempotent, replication factor `--replication-factor`, default 1) and waits
+until every partition has a leader; it warns (and does not alter) a topic that
+exists with a different partition count.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def _admin(bootstrap: str, timeout_s: float):  # type: ignore[no-untyped-def]
     )
 
 
-def cmd_wait(bootstrap: str, timeout_s: float) -> int:
+def cmd_wait(bootstrap: str, timeout_s: float, min_brokers: int = 1) -> int:
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -42,9 +45,10 @@ def cmd_wait(bootstrap: str, timeout_s: float) -> int:
             finally:
                 admin.close()
             brokers = cluster.get("brokers") or []
-            if brokers:
+            if brokers and len(brokers) >= min_brokers:
                 print(f"kafka: cluster {cluster.get('cluster_id')} brokers={len(brokers)}")
                 return 0
+            last = RuntimeError(f"{len(brokers)} of {min_brokers} brokers in the metadata")
         except Exception as exc:  # broker not up yet
             last = exc
         time.sleep(0.5)
@@ -54,7 +58,9 @@ def cmd_wait(bootstrap: str, timeout_s: float) -> int:
     return 1
 
 
-def cmd_topics(bootstrap: str, specs: list[str], timeout_s: float) -> int:
+def cmd_topics(
+    bootstrap: str, specs: list[str], timeout_s: float, replication_factor: int = 1
+) -> int:
     from kafka.errors import TopicAlreadyExistsError
 
     wanted: dict[str, int] = {}
@@ -68,7 +74,10 @@ def cmd_topics(bootstrap: str, specs: list[str], timeout_s: float) -> int:
         if missing:
             with contextlib.suppress(TopicAlreadyExistsError):  # raced with another creator
                 admin.create_topics(
-                    {n: {"num_partitions": p, "replication_factor": 1} for n, p in missing.items()},
+                    {
+                        n: {"num_partitions": p, "replication_factor": replication_factor}
+                        for n, p in missing.items()
+                    },
                     timeout_ms=int(timeout_s * 1000),
                 )
         admin.wait_for_topics(list(wanted), timeout_ms=int(timeout_s * 1000))
@@ -76,7 +85,8 @@ def cmd_topics(bootstrap: str, specs: list[str], timeout_s: float) -> int:
             name = info.get("name") or info["topic"]
             have = len(info["partitions"])
             state = "created" if name in missing else "exists"
-            print(f"kafka: topic {name} partitions={have} ({state})")
+            rf = min((len(p.get("replica_nodes") or ()) for p in info["partitions"]), default=0)
+            print(f"kafka: topic {name} partitions={have} replication={rf} ({state})")
             if have != wanted[name]:
                 print(
                     f"kafka: WARNING topic {name} has {have} partitions, wanted {wanted[name]} "
@@ -105,11 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("specs", nargs="*")
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--brokers", type=int, default=1, help="wait: brokers the metadata must list")
+    ap.add_argument("--replication-factor", type=int, default=1, help="topics: for new topics")
     args = ap.parse_intermixed_args(argv)
     if args.command == "wait":
-        return cmd_wait(args.bootstrap, args.timeout)
+        return cmd_wait(args.bootstrap, args.timeout, args.brokers)
     if args.command == "topics":
-        return cmd_topics(args.bootstrap, args.specs, args.timeout)
+        return cmd_topics(args.bootstrap, args.specs, args.timeout, args.replication_factor)
     return cmd_list(args.bootstrap, args.timeout)
 
 

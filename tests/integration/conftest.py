@@ -3,6 +3,7 @@
 The `stack` fixture runs `deploy/local/stack.sh up` once per session (it reuses a
 running stack and returns in about a second). If the stack cannot start the
 fixture raises, so every integration test errors: nothing is skipped silently.
+`cluster_stack` does the same for `stack.sh up --brokers 3 --redis-cluster`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.integration.cluster_stack import ClusterStack, cluster_up
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACK_SH = REPO_ROOT / "deploy" / "local" / "stack.sh"
@@ -74,6 +77,16 @@ def stack() -> Stack:
         dlq_topic=env.get("QBATCH_DLQ_TOPIC", "qbatch.requests.dlq"),
         env=env,
     )
+
+
+@pytest.fixture(scope="session")
+def cluster_stack() -> ClusterStack:
+    """The three-broker Kafka + six-node Redis Cluster of `stack.sh up --brokers 3
+    --redis-cluster` (next to the single-node stack): a `ClusterStack` with
+    `kafka_bootstrap`, `redis_url` (`redis+cluster://...`) and the chaos helpers
+    (kill/stop/start_broker, kill/start_redis; tests/integration/cluster_stack.py).
+    Raises, never skips, if the cluster cannot start."""
+    return cluster_up()
 
 
 @pytest.fixture(scope="session")

@@ -29,14 +29,16 @@ def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:10]}"
 
 
-def create_topic(name: str, partitions: int = 8, bootstrap: str = BOOTSTRAP) -> str:
+def create_topic(
+    name: str, partitions: int = 8, bootstrap: str = BOOTSTRAP, replication: int = 1
+) -> str:
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap.split(","))
     try:
         with contextlib.suppress(TopicAlreadyExistsError):
-            admin.create_topics([NewTopic(name, partitions, 1)])
+            admin.create_topics([NewTopic(name, partitions, replication)])
     finally:
         admin.close()
     return name
@@ -123,11 +125,14 @@ class Lane:
             self.prefix,
         ]
 
-    def create_topics(self, partitions: int = 8) -> None:
-        create_topic(self.topic, partitions, self.bootstrap)
-        create_topic(self.bulk_topic, partitions, self.bootstrap)
-        create_topic(self.dlq_topic, 1, self.bootstrap)
-        create_topic(self.tool_calls_topic, partitions, self.bootstrap)
+    def create_topics(self, partitions: int = 8, replication: int = 1) -> None:
+        for topic, n in (
+            (self.topic, partitions),
+            (self.bulk_topic, partitions),
+            (self.dlq_topic, 1),
+            (self.tool_calls_topic, partitions),
+        ):
+            create_topic(topic, n, self.bootstrap, replication)
 
     def delete_topics(self) -> None:
         delete_topics(

@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 # tests/integration/conftest.py's fixtures are not visible from this tree: re-export them.
 stack = _shared.stack
 kafka_bootstrap = _shared.kafka_bootstrap
+cluster_stack = _shared.cluster_stack
 redis_client = _shared.redis_client
 # `prefix` and `redis_url` are also parameter names of the helpers below (ruff F811)
 globals().update(prefix=_shared.prefix, redis_url=_shared.redis_url)

@@ -12,7 +12,9 @@ STACK = Path(__file__).resolve().parents[2] / "deploy" / "local" / "stack.sh"
 
 @pytest.mark.parametrize(
     ("args", "word"),
-    [(["up", "--brokers", "3"], "--brokers"), (["up", "--redis-cluster"], "--redis-cluster"),
+    [(["up", "--brokers", "5"], "--brokers 5"), (["up", "--brokers=2"], "--brokers 2"),
+     (["down", "--redis-cluster"], "--redis-cluster"), (["status", "--brokers", "3"], "--brokers"),
+     (["kill-broker", "one"], "one"), (["start-redis", "17000", "17001"], "17001"),
      (["down", "--sasl"], "--sasl"), (["status", "--wipe"], "--wipe")],
 )  # fmt: skip
 def test_unknown_flags_are_refused(args: list[str], word: str, tmp_path: Path) -> None:
