@@ -13,24 +13,28 @@ redis-py's cluster pipeline refuses `EVALSHA` but routes a plain `EVAL` by its f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
-__all__ = ["connect", "eval_many", "is_cluster", "is_cluster_url", "mget"]
+__all__ = ["FailoverCluster", "connect", "eval_many", "is_cluster", "is_cluster_url", "mget"]
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+DEFAULT_FAILOVER_WAIT_S = 30.0
+T = TypeVar("T")
 
 
 def is_cluster_url(url: str) -> bool:
     return urlsplit(url).scheme.lower() in _CLUSTER_SCHEMES
 
 
-def connect(url: str, **kwargs: Any) -> Any:
-    """A `redis.Redis`, or a `RedisCluster` for a `redis+cluster://` URL (same kwargs)."""
+def connect(url: str, *, failover_wait_s: float = DEFAULT_FAILOVER_WAIT_S, **kwargs: Any) -> Any:
+    """A `redis.Redis`, or a `FailoverCluster` for a `redis+cluster://` URL (same kwargs);
+    `failover_wait_s`: how long a cluster command waits out a failover (see there)."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in _CLUSTER_SCHEMES:
@@ -53,7 +57,44 @@ def connect(url: str, **kwargs: Any) -> Any:
     )
     if len(seeds) > 1:
         kwargs["startup_nodes"] = [_node(seed) for seed in seeds]
-    return RedisCluster.from_url(first, **kwargs)
+    client = FailoverCluster.from_url(first, **kwargs)
+    client.failover_wait_s = failover_wait_s
+    return client
+
+
+_FAILOVER_ERRORS = RedisCluster.ERRORS_ALLOW_RETRY
+
+
+class FailoverCluster(RedisCluster):
+    """A `RedisCluster` that waits out a master's failover instead of failing the command.
+
+    When a master dies, its replica takes over after the cluster's node timeout (5-15 s).
+    redis-py retries a command a few times at once, re-reading the slot map between tries,
+    and then raises: the map still names the dead master until the failover is done. The
+    chaos soak found `qbatch bulk submit` and `bulk cancel` failing half-way through a job
+    that way. This client retries connection errors, timeouts, CLUSTERDOWN and uncovered
+    slots with jittered backoff for `failover_wait_s` (0: redis-py's behaviour, for the
+    worker, whose sink has its own outage handling: it pauses intake and retries)."""
+
+    failover_wait_s: float = DEFAULT_FAILOVER_WAIT_S
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return _waiting(self, lambda: super(FailoverCluster, self).execute_command(*args, **kwargs))
+
+
+def _waiting(client: Any, fn: Callable[[], T]) -> T:
+    wait_s = getattr(client, "failover_wait_s", 0.0)
+    if wait_s <= 0:
+        return fn()
+    for attempt in Retrying(
+        retry=retry_if_exception_type(_FAILOVER_ERRORS),
+        wait=wait_exponential_jitter(initial=0.1, max=2.0),
+        stop=stop_after_delay(wait_s),
+        reraise=True,
+    ):
+        with attempt:
+            return fn()
+    raise AssertionError("unreachable: tenacity reraises")
 
 
 def _node(seed: str) -> ClusterNode:
@@ -70,7 +111,7 @@ def mget(client: Any, keys: Sequence[str]) -> list[Any]:
     if not keys:
         return []
     if is_cluster(client):
-        return list(client.mget_nonatomic(list(keys)))
+        return _waiting(client, lambda: list(client.mget_nonatomic(list(keys))))
     return list(client.mget(list(keys)))
 
 
@@ -79,7 +120,11 @@ def eval_many(
 ) -> list[Any]:
     """Run `script` once per (keys, args) in one pipeline, each call's keys in one slot;
     the replies in order (an error reply is returned in place, not raised)."""
-    pipe = client.pipeline(transaction=False)
-    for keys, args in calls:
-        pipe.execute_command("EVAL", script, len(keys), *keys, *args)
-    return list(pipe.execute(raise_on_error=False))
+
+    def run() -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.execute_command("EVAL", script, len(keys), *keys, *args)
+        return list(pipe.execute(raise_on_error=False))
+
+    return _waiting(client, run)  # each script is idempotent: a whole retry is safe

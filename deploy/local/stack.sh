@@ -96,7 +96,8 @@ CLUSTER_HEAP_OPTS="${QBATCH_CLUSTER_KAFKA_HEAP_OPTS:--Xms128m -Xmx512m}"
 CLUSTER_START_TIMEOUT="${QBATCH_CLUSTER_START_TIMEOUT:-180}"
 C_DIR="$RUN_DIR/cluster"
 CLUSTER_ENV="$RUN_DIR/cluster-env.sh"
-CLUSTER_REDIS_URL="redis+cluster://$HOST:$CR_PORT/0"
+# every node as a seed: a client that starts while one node is down still finds the cluster
+CLUSTER_REDIS_URL="redis+cluster://$(for ((i = 0; i < CR_NODES; i++)); do printf '%s%s:%s' "${i:+,}" "$HOST" "$((CR_PORT + i))"; done | sed 's/^,//')/0"
 WANT_BROKERS=1  # up/env --brokers N (1 or 3)
 WANT_RCLUSTER=0 # up/env --redis-cluster
 CLUSTER_ONLY=0  # status/down/logs --cluster

@@ -98,15 +98,14 @@ class ClusterStack:
         return [int(hp.rsplit(":", 1)[1]) for hp in self.kafka_bootstrap.split(",")]
 
     @property
-    def redis_ports(self) -> list[int]:
-        first = urlsplit(self.redis_url).port or 17000
-        return list(range(first, first + REDIS_NODES))
+    def redis_nodes(self) -> list[tuple[str, int]]:
+        """(host, port) of every node (the URL names them all as seeds)."""
+        seeds = urlsplit(self.redis_url).netloc.rpartition("@")[2].split(",")
+        return [(h, int(p)) for h, _, p in (seed.rpartition(":") for seed in seeds)]
 
     @property
-    def redis_nodes(self) -> list[tuple[str, int]]:
-        """(host, port) of every node, e.g. for RedisCluster(startup_nodes=...)."""
-        host = urlsplit(self.redis_url).hostname or "127.0.0.1"
-        return [(host, p) for p in self.redis_ports]
+    def redis_ports(self) -> list[int]:
+        return [port for _, port in self.redis_nodes]
 
     # ---------------------------------------------------------------- chaos
 

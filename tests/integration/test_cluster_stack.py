@@ -51,7 +51,8 @@ def _topic_configs(admin: KafkaAdminClient, topic: str) -> dict[str, str]:
 
 def test_exports_point_at_the_cluster(cluster_stack: ClusterStack) -> None:
     assert cluster_stack.kafka_bootstrap == "127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094"
-    assert cluster_stack.redis_url == "redis+cluster://127.0.0.1:17000/0"
+    seeds = ",".join(f"127.0.0.1:{p}" for p in range(17000, 17006))
+    assert cluster_stack.redis_url == f"redis+cluster://{seeds}/0"  # every node a seed
     assert cluster_stack.env["QBATCH_TOPIC"] == "qbatch.requests"
     assert cluster_stack.redis_ports == list(range(17000, 17006))
     assert all(cluster_stack.broker_pid(n) for n in (1, 2, 3))

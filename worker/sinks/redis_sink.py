@@ -90,6 +90,7 @@ class RedisSink(ReplySink):
     def from_settings(cls, settings: ConnectionSettings) -> RedisSink:
         client = connect(
             settings.redis_url,
+            failover_wait_s=0,  # the sink's own outage handling pauses intake and retries
             socket_timeout=5,
             socket_connect_timeout=5,
             health_check_interval=15,

@@ -1,0 +1,647 @@
+"""The randomized chaos soak: three echo workers on the three-broker Kafka and the Redis
+Cluster (`stack.sh up --brokers 3 --redis-cluster`), a traffic mix, and the faults of
+`chaos.schedule(seed)`; at the end, the invariants of the contract.
+
+Traffic (drawn from the seed too): plain requests, requests with tools, requests with a
+deadline a few seconds either side of their publication (so some expire), envelopes
+that fail validation but name a request_id (a `failed` result and a dead letter), bytes
+that are not JSON at all (a dead letter only), and two bulk jobs through the CLI, one of
+them cancelled while it is being published.
+
+While it runs, an observer polls every expected result (the first value seen of each is
+hashed, to prove later that none was overwritten) and samples the group's committed
+offsets: every record below a committed offset must have its result at that moment.
+A sampler tracks each worker's RSS. Faults are applied and undone on a thread of their
+own, following the schedule's clock.
+
+The report (a dict, also the table row of tests/reliability/README.md) counts faults by
+kind, requests, lost and duplicated results, the jobs' counters against their results,
+recovery times (how long after a fault ended every request published before it started
+had its answer), and peak RSS. `SoakFailure` carries the seed so a failure replays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.structs import TopicPartition
+
+from schemas import RedisKeys
+from schemas.redis_conn import connect, mget
+from tests.integration.cluster_stack import ClusterStack
+from tests.integration.workers import REPO, Lane, qbatch, qbatch_popen, stop_worker, unique
+from tests.reliability.chaos import Fault, FaultKind, schedule
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+]
+
+
+class SoakFailure(AssertionError):
+    pass
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    seed: int
+    duration_s: float = 90.0
+    requests: int = 4_000
+    job_lines: tuple[int, int] = (1_500, 1_500)
+    workers: int = 3
+    partitions: int = 12
+    session_timeout_ms: int = 8_000
+    rss_limit_mb: float = 1_024.0
+    drain_timeout_s: float = 180.0
+
+
+@dataclass
+class Expected:
+    """What one request must end as: its allowed statuses, and when it was published."""
+
+    statuses: frozenset[str]
+    published: float = 0.0
+
+
+@dataclass
+class Observed:
+    first_seen: dict[str, float] = field(default_factory=dict)
+    digest: dict[str, str] = field(default_factory=dict)
+    commit_samples: int = 0
+    commit_violations: list[str] = field(default_factory=list)
+    rss_peak_kb: dict[int, int] = field(default_factory=dict)
+
+
+def _digest(raw: bytes) -> str:
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+class Soak:
+    def __init__(self, cfg: SoakConfig, cluster: ClusterStack, tmp: Path) -> None:
+        self.cfg = cfg
+        self.cluster = cluster
+        self.tmp = tmp
+        base = unique(f"soak{cfg.seed}")
+        self.lane = Lane(
+            topic=f"{base}.requests",
+            dlq_topic=f"{base}.requests.dlq",
+            group=f"{base}-workers",
+            prefix=base.replace("-", "_"),
+            bootstrap=cluster.kafka_bootstrap,
+            redis_url=cluster.redis_url,
+        )
+        self.keys = RedisKeys(self.lane.prefix, cluster=True)
+        self.rng = random.Random(cfg.seed)
+        self.faults = schedule(cfg.seed, cfg.duration_s, workers=cfg.workers, limits=None)
+        self.expected: dict[str, Expected] = {}
+        self.bad_keys: set[str] = set()
+        self.jobs = {f"j{cfg.seed}a": cfg.job_lines[0], f"j{cfg.seed}b": cfg.job_lines[1]}
+        self.cancelled_job = f"j{cfg.seed}b"
+        self.obs = Observed()
+        self.workers: list[subprocess.Popen[bytes] | None] = [None] * cfg.workers
+        self.leaders_killed = 0
+        self.applied: list[list[Any]] = []
+        """[fault, start_s, end_s] (end -1 until undone), seconds since the start."""
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.t0 = 0.0
+
+    # ------------------------------------------------------------ processes
+
+    def _worker_env(self) -> dict[str, str]:
+        return self.lane.env()
+
+    def start_worker(self, i: int) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "worker",
+            "--engine",
+            "echo",
+            "--auto-offset-reset",
+            "earliest",
+            "--metrics-port",
+            "0",
+            "--session-timeout-ms",
+            str(self.cfg.session_timeout_ms),
+            "--worker-id",
+            f"soak-w{i}",
+        ]
+        log = (self.tmp / f"worker-{i}.log").open("ab")
+        self.workers[i] = subprocess.Popen(
+            cmd, env=self._worker_env(), cwd=REPO, stdout=log, stderr=log
+        )
+
+    # ------------------------------------------------------------ traffic
+
+    def _traffic(self) -> None:
+        """Publishes the interactive mix over the first two thirds of the run."""
+        producer = KafkaProducer(
+            bootstrap_servers=self.lane.bootstrap.split(","),
+            acks="all",
+            linger_ms=5,
+            retries=2_147_483_647,
+            enable_idempotence=True,
+            max_in_flight_requests_per_connection=5,
+        )
+        span = self.cfg.duration_s * 2 / 3
+        n = self.cfg.requests
+        try:
+            for i in range(n):
+                if self._stop.is_set():
+                    return
+                target = self.t0 + span * i / n
+                if (delay := target - time.monotonic()) > 0:
+                    time.sleep(delay)
+                key, value = self._draw(i)
+                producer.send(self.lane.topic, key=key.encode(), value=value)
+            producer.flush(timeout=300)
+        finally:
+            producer.close(timeout=30)
+
+    def _draw(self, i: int) -> tuple[str, bytes]:
+        kind = self.rng.choices(
+            ["plain", "tools", "deadline", "bad_envelope", "bad_bytes"], [70, 12, 10, 4, 4]
+        )[0]
+        rid = f"s{i}"
+        now = time.time()
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": f"r{i}"}]}
+        env: dict[str, Any] = {"request_id": rid, "body": body}
+        allowed = frozenset({"succeeded"})
+        if kind == "bad_bytes":
+            key = f"bad-{i}"
+            self.bad_keys.add(key)
+            return key, b"\xff\xfe not json " + str(i).encode()
+        if kind == "tools":
+            body["tools"] = TOOLS
+        elif kind == "deadline":
+            when = now + self.rng.uniform(-5, 5)
+            env["deadline"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + (
+                f".{int(when % 1 * 1000):03d}Z"
+            )
+            allowed = frozenset({"succeeded", "expired"})
+        elif kind == "bad_envelope":
+            body["temperature"] = 99  # out of range: refused naming the field
+            allowed = frozenset({"failed"})
+            self.bad_keys.add(rid)
+        with self._lock:
+            self.expected[rid] = Expected(allowed, time.monotonic())
+        return rid, json.dumps(env).encode()
+
+    def _bulk(self) -> None:
+        """Two bulk jobs through the CLI; the second is cancelled while it is published."""
+        for n, (job, lines) in enumerate(self.jobs.items()):
+            if self._stop.wait(8 + 10 * n):
+                return
+            src = self.tmp / f"{job}.jsonl"
+            with src.open("w") as fh:
+                for i in range(lines):
+                    line = {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions"}
+                    line["body"] = {"messages": [{"role": "user", "content": f"{job} {i}"}]}
+                    fh.write(json.dumps(line) + "\n")
+            allowed = frozenset({"succeeded"})
+            if job == self.cancelled_job:
+                allowed = frozenset({"succeeded", "cancelled"})
+            with self._lock:
+                for i in range(1, lines + 1):
+                    self.expected[f"{job}.{i}"] = Expected(allowed, time.monotonic())
+            if job == self.cancelled_job:
+                submit = qbatch_popen(
+                    self.lane, "-q", "bulk", "submit", str(src), "--job", job, "--chunk", "100"
+                )
+                self._wait_submitting(job, submit)
+                cancel = qbatch(self.lane, "-q", "bulk", "cancel", job)
+                if cancel.returncode != 0:
+                    raise SoakFailure(f"bulk cancel failed: {cancel.stderr[-2000:]}")
+                _out, err = submit.communicate(timeout=600)
+                if submit.returncode not in (0, 3):  # 3: stopped by the cancel (if it says so)
+                    raise SoakFailure(
+                        f"cancelled bulk submit: rc {submit.returncode}: {err[-2000:]}"
+                    )
+            else:
+                done = qbatch(self.lane, "-q", "bulk", "submit", str(src), "--job", job)
+                if done.returncode != 0:
+                    raise SoakFailure(f"bulk submit failed: {done.stderr[-2000:]}")
+
+    def _wait_submitting(self, job: str, submit: subprocess.Popen[str]) -> None:
+        """Until the job has published its first chunk (so the cancel meets a running job
+        with requests on the topic and more to come), at most a minute."""
+        client = connect(self.lane.redis_url)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and submit.poll() is None:
+                with contextlib.suppress(Exception):  # a master failing over
+                    if int(client.hget(self.keys.job(job), "submitted") or 0) > 0:
+                        return
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    # ------------------------------------------------------------ observers
+
+    def _observe(self) -> None:
+        client = connect(self.lane.redis_url)
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    todo = [r for r in self.expected if r not in self.obs.first_seen]
+                for start in range(0, len(todo), 2_000):
+                    chunk = todo[start : start + 2_000]
+                    try:
+                        values = mget(client, [self.keys.result(r) for r in chunk])
+                    except Exception:  # a master failing over: the next round sees it
+                        break
+                    now = time.monotonic()
+                    for rid, raw in zip(chunk, values, strict=True):
+                        if raw is not None:
+                            self.obs.first_seen[rid] = now
+                            self.obs.digest[rid] = _digest(raw)
+                self._rss()
+                self._stop.wait(0.5)
+        finally:
+            client.close()
+
+    def _rss(self) -> None:
+        for proc in self.workers:
+            if proc is None or proc.poll() is not None:
+                continue
+            try:
+                text = Path(f"/proc/{proc.pid}/status").read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if line.startswith("VmRSS:"):
+                    kb = int(line.split()[1])
+                    self.obs.rss_peak_kb[proc.pid] = max(self.obs.rss_peak_kb.get(proc.pid, 0), kb)
+
+    def _commits(self) -> None:
+        """Every record below a committed offset has its result when the commit is seen."""
+        client = connect(self.lane.redis_url)
+        reader = KafkaConsumer(
+            bootstrap_servers=self.lane.bootstrap.split(","),
+            group_id=None,
+            enable_auto_commit=False,
+            consumer_timeout_ms=2000,
+        )
+        checked: dict[TopicPartition, int] = {}
+        try:
+            while not self._stop.wait(2.0):
+                try:
+                    admin = KafkaAdminClient(bootstrap_servers=self.lane.bootstrap.split(","))
+                    try:
+                        offsets = admin.list_group_offsets(self.lane.group)[self.lane.group]
+                    finally:
+                        admin.close()
+                except Exception:
+                    continue  # a broker down: sample again later
+                for tp, meta in offsets.items():
+                    if tp.topic not in (self.lane.topic, self.lane.bulk_topic):
+                        continue
+                    start = checked.get(tp, 0)
+                    if meta.offset <= start:
+                        continue
+                    try:
+                        keys = self._keys_between(reader, tp, start, meta.offset)
+                        rids = [k for k in keys if k not in self.bad_keys]
+                        values = mget(client, [self.keys.result(r) for r in rids])
+                    except Exception:
+                        continue
+                    missing = [r for r, v in zip(rids, values, strict=True) if v is None]
+                    self.obs.commit_samples += 1
+                    if missing:
+                        self.obs.commit_violations.append(
+                            f"{tp.topic}[{tp.partition}] committed {meta.offset}: "
+                            f"no result yet for {missing[:5]}"
+                        )
+                    checked[tp] = meta.offset
+        finally:
+            reader.close()
+            client.close()
+
+    @staticmethod
+    def _keys_between(reader: KafkaConsumer, tp: TopicPartition, start: int, end: int) -> list[str]:
+        reader.assign([tp])
+        reader.seek(tp, start)
+        keys: list[str] = []
+        deadline = time.monotonic() + 20
+        while reader.position(tp) < end and time.monotonic() < deadline:
+            for records in reader.poll(timeout_ms=500).values():
+                keys += [r.key.decode() for r in records if r.offset < end and r.key]
+        if reader.position(tp) < end:
+            raise TimeoutError(f"could not read {tp} up to {end}")
+        return keys
+
+    # ------------------------------------------------------------ faults
+
+    def _faults(self) -> None:
+        pending = list(self.faults)
+        undo: list[tuple[float, list[Any], Callable[[], None]]] = []
+        while (pending or undo) and not self._stop.is_set():
+            now = time.monotonic() - self.t0
+            if undo and undo[0][0] <= now:
+                _, entry, action = undo.pop(0)
+                action()
+                entry[2] = time.monotonic() - self.t0
+                continue
+            if pending and pending[0].at_s <= now:
+                fault = pending.pop(0)
+                action = self._apply(fault)
+                entry = [fault, now, -1.0]
+                self.applied.append(entry)
+                undo.append((now + fault.hold_s, entry, action))
+                undo.sort(key=lambda u: u[0])
+                continue
+            self._stop.wait(0.05)
+
+    def _apply(self, fault: Fault) -> Callable[[], None]:
+        if fault.kind is FaultKind.worker_kill:
+            proc = self.workers[fault.target]
+            assert proc is not None
+            proc.kill()
+            proc.wait()
+            return lambda: self.start_worker(fault.target)
+        if fault.kind is FaultKind.worker_stop:
+            proc = self.workers[fault.target]
+            assert proc is not None
+            os.kill(proc.pid, 19)  # SIGSTOP
+            return lambda: os.kill(proc.pid, 18)  # SIGCONT
+        if fault.kind is FaultKind.broker_kill:
+            node = fault.target or self._leader_node()
+            self.cluster.kill_broker(node)
+            self.leaders_killed += fault.target == 0
+            return lambda: self.cluster.start_broker(node)
+        port = self._master_port(fault.target)
+        if fault.kind is FaultKind.redis_master_kill:
+            self.cluster.kill_redis(port)
+            return lambda: self.cluster.start_redis(port)
+        import redis
+
+        node = redis.Redis(port=port)
+        node.execute_command("CLIENT", "PAUSE", int(fault.hold_s * 1000), "ALL")
+        node.close()
+        return lambda: None
+
+    def _leader_node(self) -> int:
+        """The broker (1-3) leading the requests topic's partition 0 right now."""
+        admin = KafkaAdminClient(bootstrap_servers=self.lane.bootstrap.split(","))
+        try:
+            [topic] = admin.describe_topics([self.lane.topic])
+        finally:
+            admin.close()
+        leader = next(p["leader_id"] for p in topic["partitions"] if p["partition_index"] == 0)
+        return int(leader)
+
+    def _master_port(self, index: int) -> int:
+        client = connect(self.lane.redis_url)
+        try:
+            ports = sorted(int(n.port) for n in client.get_primaries())
+        finally:
+            client.close()
+        return ports[index % len(ports)]
+
+    # ------------------------------------------------------------ the run
+
+    def run(self) -> dict[str, Any]:
+        self.lane.create_topics(self.cfg.partitions, replication=3)
+        for i in range(self.cfg.workers):
+            self.start_worker(i)
+        time.sleep(3)
+        self.t0 = time.monotonic()
+        errors: list[BaseException] = []
+
+        def guarded(fn: Callable[[], None]) -> Callable[[], None]:
+            def run() -> None:
+                try:
+                    fn()
+                except BaseException as exc:  # reported by the main thread
+                    errors.append(exc)
+
+            return run
+
+        threads = [
+            threading.Thread(target=guarded(fn), name=fn.__name__, daemon=True)
+            for fn in (self._traffic, self._bulk, self._faults, self._observe, self._commits)
+        ]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads[:3]:  # traffic, bulk jobs, faults
+                t.join(timeout=self.cfg.duration_s + 600)
+            self._drain()
+        finally:
+            self._stop.set()
+            for t in threads[3:]:
+                t.join(timeout=60)
+            self._restore()
+        return self._check([f"a soak thread failed: {e!r}" for e in errors])
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.cfg.drain_timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                left = [r for r in self.expected if r not in self.obs.first_seen]
+            if not left:
+                return
+            time.sleep(1)
+
+    def _restore(self) -> None:
+        """Leave the shared cluster as found: every worker stopped, every node running."""
+        for proc in self.workers:
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, 18)
+                stop_worker(proc)
+        for node in range(1, 4):
+            if self.cluster.broker_pid(node) is None:
+                self.cluster.start_broker(node)
+        for port in self.cluster.redis_ports:
+            if self.cluster.redis_pid(port) is None:
+                self.cluster.start_redis(port)
+        self.cluster.wait_redis_ok()
+
+    # ------------------------------------------------------------ invariants
+
+    def _check(self, problems: list[str]) -> dict[str, Any]:
+        client = connect(self.lane.redis_url)
+        try:
+            rids = list(self.expected)
+            values: dict[str, bytes | None] = {}
+            for start in range(0, len(rids), 2_000):
+                chunk = rids[start : start + 2_000]
+                values.update(
+                    zip(chunk, mget(client, [self.keys.result(r) for r in chunk]), strict=True)
+                )
+            lost = [r for r, v in values.items() if v is None]
+            overwritten = [
+                r
+                for r, v in values.items()
+                if v is not None and r in self.obs.digest and _digest(v) != self.obs.digest[r]
+            ]
+            statuses: dict[str, int] = {}
+            wrong: list[str] = []
+            for rid, raw in values.items():
+                if raw is None:
+                    continue
+                status = json.loads(raw)["status"]
+                statuses[status] = statuses.get(status, 0) + 1
+                if status not in self.expected[rid].statuses:
+                    wrong.append(f"{rid}: {status}")
+            jobs = {
+                job: self._job_check(client, job, lines, values, problems)
+                for job, lines in self.jobs.items()
+            }
+        finally:
+            client.close()
+        dlq = self._dlq()
+        dlq_keys = [key for key, _ in dlq]
+        sources = {src for _, src in dlq}
+        if lost:
+            problems.append(f"{len(lost)} requests without a result, e.g. {lost[:5]}")
+        if overwritten:
+            problems.append(f"{len(overwritten)} results overwritten, e.g. {overwritten[:5]}")
+        if wrong:
+            problems.append(f"{len(wrong)} results of an unexpected status, e.g. {wrong[:5]}")
+        problems += self.obs.commit_violations[:5]
+        if set(dlq_keys) != self.bad_keys:
+            extra = set(dlq_keys) - self.bad_keys
+            missed = self.bad_keys - set(dlq_keys)
+            problems.append(f"DLQ differs: {len(missed)} bad records missing, {len(extra)} others")
+        if len(sources) != len(self.bad_keys):  # a repeat is the same source record again
+            problems.append(f"DLQ: {len(sources)} source records for {len(self.bad_keys)} bad ones")
+        peak_mb = max(self.obs.rss_peak_kb.values(), default=0) / 1024
+        if peak_mb > self.cfg.rss_limit_mb:
+            problems.append(f"a worker's RSS reached {peak_mb:.0f} MB")
+        recovery = self._recovery()
+        report = {
+            "seed": self.cfg.seed,
+            "duration_s": self.cfg.duration_s,
+            "faults": _count(f.kind.value for f, _, _ in self.applied),
+            "requests": len(self.expected) + len(self.bad_keys - set(self.expected)),
+            "results": len(values) - len(lost),
+            "lost": len(lost),
+            "overwritten": len(overwritten),
+            "statuses": statuses,
+            "jobs": jobs,
+            "dlq": {
+                "bad_records": len(self.bad_keys),
+                "records": len(dlq_keys),
+                "source_records": len(sources),
+                "redelivered_copies": len(dlq_keys) - len(sources),
+            },
+            "leaders_killed": self.leaders_killed,
+            "commit_samples": self.obs.commit_samples,
+            "commit_violations": len(self.obs.commit_violations),
+            "recovery_s": recovery,
+            "peak_rss_mb": round(peak_mb, 1),
+            "schedule": [f.describe() for f in self.faults],
+        }
+        (self.tmp / "soak-report.json").write_text(json.dumps(report, indent=2))
+        if problems:
+            raise SoakFailure(
+                f"chaos soak seed {self.cfg.seed} (replay: QBATCH_SOAK_SEED={self.cfg.seed}):\n- "
+                + "\n- ".join(problems)
+                + f"\nreport: {json.dumps(report)}"
+            )
+        return report
+
+    def _job_check(
+        self,
+        client: Any,
+        job: str,
+        lines: int,
+        values: dict[str, bytes | None],
+        problems: list[str],
+    ) -> dict[str, Any]:
+        raw = client.hgetall(self.keys.job(job))
+        h = {k.decode(): v.decode() for k, v in raw.items()}
+        by_status: dict[str, int] = {}
+        for i in range(1, lines + 1):
+            value = values.get(f"{job}.{i}")
+            if value is not None:
+                s = json.loads(value)["status"]
+                by_status[s] = by_status.get(s, 0) + 1
+        counters = {s: int(h.get(s, 0)) for s in ("succeeded", "failed", "expired", "cancelled")}
+        stream = client.xlen(self.keys.job_stream(job))
+        if {k: v for k, v in counters.items() if v} != by_status:
+            problems.append(f"job {job}: counters {counters} but results {by_status}")
+        if int(h.get("total", -1)) != lines or sum(counters.values()) != lines:
+            problems.append(f"job {job}: total {h.get('total')} counted {sum(counters.values())}")
+        if stream != lines:
+            problems.append(f"job {job}: stream holds {stream} entries for {lines} lines")
+        return {"status": h.get("status"), **counters, "stream": stream}
+
+    def _dlq(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(record key, its source topic/partition/offset headers) of every dead letter."""
+        consumer = KafkaConsumer(
+            self.lane.dlq_topic,
+            bootstrap_servers=self.lane.bootstrap.split(","),
+            group_id=None,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=5000,
+        )
+        names = ("qbatch.source.topic", "qbatch.source.partition", "qbatch.source.offset")
+        try:
+            out = []
+            for r in consumer:
+                headers = {k: v.decode() for k, v in r.headers or []}
+                key = r.key.decode() if r.key else ""
+                out.append((key, tuple(headers.get(n, "") for n in names)))
+            return out
+        finally:
+            consumer.close()
+
+    def _recovery(self) -> dict[str, dict[str, float]]:
+        """Per kind, over its faults: `from_start`, seconds from the fault's start until
+        every request published before it had its answer (the backlog it caught), and
+        `after_end`, how much of that came after the fault was undone (0: the rest of the
+        cluster had answered everything by then). Resolution: the observer's ~0.5 s."""
+        out: dict[str, dict[str, list[float]]] = {}
+        for fault, start, end in self.applied:
+            if end < 0:
+                continue
+            before = [
+                self.obs.first_seen.get(r, float("inf"))
+                for r, e in self.expected.items()
+                if e.published - self.t0 < start
+            ]
+            last = max(before, default=self.t0) - self.t0
+            kind = out.setdefault(fault.kind.value, {"from_start": [], "after_end": []})
+            kind["from_start"].append(round(max(0.0, last - start), 2))
+            kind["after_end"].append(round(max(0.0, last - end), 2))
+        return {
+            name: {
+                f"{k}_{stat}": round(fn(v), 2)
+                for k, v in series.items()
+                for stat, fn in (("p50", statistics.median), ("max", max))
+            }
+            for name, series in out.items()
+        }
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
+
+
+__all__ = ["Soak", "SoakConfig", "SoakFailure"]
