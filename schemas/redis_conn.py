@@ -13,13 +13,14 @@ redis-py's cluster pipeline refuses `EVALSHA` but routes a plain `EVAL` by its f
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 __all__ = ["FailoverCluster", "connect", "eval_many", "is_cluster", "is_cluster_url", "mget"]
 
@@ -83,18 +84,23 @@ class FailoverCluster(RedisCluster):
 
 
 def _waiting(client: Any, fn: Callable[[], T]) -> T:
+    """`fn()`, retried on the errors a failover raises until `client.failover_wait_s` has
+    passed (redis-py's own jittered backoff: the bare client install has no tenacity)."""
     wait_s = getattr(client, "failover_wait_s", 0.0)
     if wait_s <= 0:
         return fn()
-    for attempt in Retrying(
-        retry=retry_if_exception_type(_FAILOVER_ERRORS),
-        wait=wait_exponential_jitter(initial=0.1, max=2.0),
-        stop=stop_after_delay(wait_s),
-        reraise=True,
-    ):
-        with attempt:
+    backoff = ExponentialWithJitterBackoff(base=0.1, cap=2.0)
+    deadline = time.monotonic() + wait_s
+    failures = 0
+    while True:
+        try:
             return fn()
-    raise AssertionError("unreachable: tenacity reraises")
+        except _FAILOVER_ERRORS:
+            failures += 1
+            pause = backoff.compute(failures)
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
 
 
 def _node(seed: str) -> ClusterNode:

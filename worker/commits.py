@@ -19,7 +19,8 @@ from typing import Any, Protocol
 from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import TopicPartition
 
-from worker.kafka_io import DeadLetters, RequestConsumer
+from worker.dead_letters import DeadLetters
+from worker.kafka_io import RequestConsumer
 from worker.logs import log
 from worker.sinks.kafka_sink import KafkaResultsSink
 

@@ -25,7 +25,8 @@ from worker import failpoints, metrics
 from worker.batching import Batch, MicroBatcher
 from worker.commits import Committer
 from worker.config import WorkerSettings
-from worker.kafka_io import DeadLetters, RequestConsumer, time_in_kafka_s
+from worker.dead_letters import DeadLetters
+from worker.kafka_io import RequestConsumer, time_in_kafka_s
 from worker.lanes import LaneGate, LaneLoad
 from worker.logs import log
 from worker.offsets import OffsetTracker

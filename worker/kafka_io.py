@@ -10,12 +10,11 @@ so they never run beside the loop; they must not block (see `commit_nowait`).
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
+from kafka import ConsumerRebalanceListener, KafkaConsumer
 from kafka.errors import CommitFailedError, KafkaError, RebalanceInProgressError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 from tenacity import (
@@ -26,11 +25,9 @@ from tenacity import (
     wait_exponential,
 )
 
-from schemas import ContractError, dlq
 from schemas.kafka_compat import (
     consumer_state,
     partition_states,
-    repair_idempotent_reset,
     resume_partitions,
     watch_fetch_responses,
 )
@@ -163,7 +160,14 @@ class RequestConsumer:
         deadline = time.monotonic() + 30
 
         def missing() -> list[str]:
-            return [t for t in self.topics if not self._consumer.partitions_for_topic(t)]
+            try:
+                return [t for t in self.topics if not self._consumer.partitions_for_topic(t)]
+            except KafkaError as exc:
+                # A broker down while this worker starts (a restart during a broker
+                # outage, in the chaos soak): its metadata request fails. Ask again; the
+                # consumer itself rides the outage out once subscribed.
+                log.info("topic_metadata_retry", error=f"{type(exc).__name__}: {exc}")
+                return list(self.topics)
 
         while missing() and time.monotonic() < deadline and not self._stopping():
             time.sleep(0.2)  # topic not created yet: go on after 30 s (rebalance later)
@@ -391,84 +395,3 @@ class RequestConsumer:
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)
-
-
-class DeadLetters:
-    """Sends the original bytes, unchanged, with headers naming the fault and its source."""
-
-    def __init__(self, settings: WorkerSettings) -> None:
-        self._topic = settings.dlq_topic
-        self._producer = repair_idempotent_reset(
-            KafkaProducer(
-                acks="all",
-                retries=10,
-                linger_ms=5,
-                max_block_ms=5_000,
-                reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
-                client_id=f"qbatch-dlq-{settings.worker_id}",
-                **settings.kafka_kwargs(),
-            )
-        )
-        self._lock = threading.Lock()
-        self._unflushed = 0
-
-    def send(self, record: Any, error: ContractError) -> None:
-        headers = [
-            (dlq.ERROR_CODE, error.code.value.encode()),
-            (dlq.ERROR_MESSAGE, error.message[:4000].encode("utf-8", "replace")),
-            (dlq.ERROR_PARAM, (error.param or "").encode("utf-8", "replace")),
-            (dlq.SOURCE_TOPIC, str(record.topic).encode()),
-            (dlq.SOURCE_PARTITION, str(record.partition).encode()),
-            (dlq.SOURCE_OFFSET, str(record.offset).encode()),
-        ]
-        if error.request_id:
-            headers.append((dlq.REQUEST_ID, error.request_id.encode()))
-        value = record.value if record.value is not None else b""
-        try:
-            with self._lock:
-                future = self._producer.send(
-                    self._topic, key=record.key, value=value, headers=headers
-                )
-                self._unflushed += 1
-            future.add_errback(
-                lambda exc: log.error(
-                    "dead_letter_failed",
-                    topic=self._topic,
-                    error=str(exc),
-                    partition=record.partition,
-                    offset=record.offset,
-                )
-            )
-        except KafkaError as exc:
-            # The caller still answers the request in Redis; a missing DLQ topic or a
-            # broker hiccup must not stop the worker or block its partition.
-            log.error(
-                "dead_letter_failed",
-                topic=self._topic,
-                error=str(exc),
-                partition=record.partition,
-                offset=record.offset,
-            )
-
-    @retry(
-        retry=retry_if_exception_type(KafkaError),
-        wait=wait_exponential(multiplier=0.2, max=5),
-        stop=stop_after_attempt(8),
-        reraise=True,
-    )
-    def flush(self) -> None:
-        """Called before a commit: a dead-lettered record is durable before its offset moves.
-        The count is cleared only once a flush returned, so a retried flush flushes again."""
-        with self._lock:
-            pending = self._unflushed
-        if pending:
-            self._producer.flush(timeout=30)
-            with self._lock:
-                self._unflushed -= pending
-
-    def close(self) -> None:
-        try:
-            self._producer.flush(timeout=10)
-        except KafkaError as exc:
-            log.warning("dlq_flush_failed", error=str(exc))
-        self._producer.close(timeout=10)

@@ -23,11 +23,12 @@ from schemas import WorkerInfo
 from worker import metrics
 from worker.commits import Committer, ConsumerCommitter, TransactionalCommitter
 from worker.config import WorkerSettings
+from worker.dead_letters import DeadLetters
 from worker.dispatch import Dispatcher
 from worker.engines.base import Engine
 from worker.health import ServiceState as WorkerState
 from worker.intake import Intake
-from worker.kafka_io import DeadLetters, RequestConsumer
+from worker.kafka_io import RequestConsumer
 from worker.logs import log
 from worker.records import DispatchQueue, Finished, Reply
 from worker.rendering import PromptRenderer

@@ -23,7 +23,7 @@ from schemas import ContractError, ErrorCode, ResultEnvelope, WorkerInfo
 from schemas.ref import RequestRef
 from schemas.replies import WriteReply, WriteStatus
 from worker import failpoints, metrics, tool_loop
-from worker.kafka_io import DeadLetters
+from worker.dead_letters import DeadLetters
 from worker.logs import log
 from worker.records import Done, Finished, Reply
 from worker.results import duplicate_result, finished_result

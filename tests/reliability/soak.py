@@ -43,7 +43,7 @@ from kafka.structs import TopicPartition
 from schemas import RedisKeys
 from schemas.redis_conn import connect, mget
 from tests.integration.cluster_stack import ClusterStack
-from tests.integration.workers import REPO, Lane, qbatch, qbatch_popen, stop_worker, unique
+from tests.integration.workers import REPO, Lane, qbatch, qbatch_popen, stop_worker
 from tests.reliability.chaos import Fault, FaultKind, schedule
 
 TOOLS = [
@@ -101,15 +101,7 @@ class Soak:
         self.cfg = cfg
         self.cluster = cluster
         self.tmp = tmp
-        base = unique(f"soak{cfg.seed}")
-        self.lane = Lane(
-            topic=f"{base}.requests",
-            dlq_topic=f"{base}.requests.dlq",
-            group=f"{base}-workers",
-            prefix=base.replace("-", "_"),
-            bootstrap=cluster.kafka_bootstrap,
-            redis_url=cluster.redis_url,
-        )
+        self.lane = Lane.on(cluster.kafka_bootstrap, cluster.redis_url, f"soak{cfg.seed}")
         self.keys = RedisKeys(self.lane.prefix, cluster=True)
         self.rng = random.Random(cfg.seed)
         self.faults = schedule(cfg.seed, cfg.duration_s, workers=cfg.workers, limits=None)
@@ -120,6 +112,10 @@ class Soak:
         self.obs = Observed()
         self.workers: list[subprocess.Popen[bytes] | None] = [None] * cfg.workers
         self.leaders_killed = 0
+        self.killed: set[int] = set()
+        """Workers the schedule has killed and not yet restarted."""
+        self.unexpected_exits: list[str] = []
+        """Workers that exited on their own (a bug): restarted, as a supervisor would."""
         self.applied: list[list[Any]] = []
         """[fault, start_s, end_s] (end -1 until undone), seconds since the start."""
         self._stop = threading.Event()
@@ -282,8 +278,17 @@ class Soak:
             client.close()
 
     def _rss(self) -> None:
-        for proc in self.workers:
-            if proc is None or proc.poll() is not None:
+        for i, proc in enumerate(self.workers):
+            if proc is None:
+                continue
+            if proc.poll() is not None:
+                with self._lock:
+                    if i not in self.killed and self.workers[i] is proc:
+                        at = time.monotonic() - self.t0
+                        self.unexpected_exits.append(
+                            f"worker {i} exited {proc.returncode} at {at:.0f}s"
+                        )
+                        self.start_worker(i)
                 continue
             try:
                 text = Path(f"/proc/{proc.pid}/status").read_text()
@@ -375,16 +380,24 @@ class Soak:
 
     def _apply(self, fault: Fault) -> Callable[[], None]:
         if fault.kind is FaultKind.worker_kill:
-            proc = self.workers[fault.target]
-            assert proc is not None
-            proc.kill()
+            with self._lock:
+                proc = self.workers[fault.target]
+                assert proc is not None
+                self.killed.add(fault.target)
+                proc.kill()
             proc.wait()
-            return lambda: self.start_worker(fault.target)
+            return lambda: self._restart(fault.target)
         if fault.kind is FaultKind.worker_stop:
             proc = self.workers[fault.target]
             assert proc is not None
-            os.kill(proc.pid, 19)  # SIGSTOP
-            return lambda: os.kill(proc.pid, 18)  # SIGCONT
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, 19)  # SIGSTOP
+
+            def resume() -> None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, 18)  # SIGCONT
+
+            return resume
         if fault.kind is FaultKind.broker_kill:
             node = fault.target or self._leader_node()
             self.cluster.kill_broker(node)
@@ -410,6 +423,11 @@ class Soak:
             admin.close()
         leader = next(p["leader_id"] for p in topic["partitions"] if p["partition_index"] == 0)
         return int(leader)
+
+    def _restart(self, i: int) -> None:
+        with self._lock:
+            self.start_worker(i)
+            self.killed.discard(i)
 
     def _master_port(self, index: int) -> int:
         client = connect(self.lane.redis_url)
@@ -468,7 +486,8 @@ class Soak:
         """Leave the shared cluster as found: every worker stopped, every node running."""
         for proc in self.workers:
             if proc is not None and proc.poll() is None:
-                os.kill(proc.pid, 18)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, 18)
                 stop_worker(proc)
         for node in range(1, 4):
             if self.cluster.broker_pid(node) is None:
@@ -521,6 +540,7 @@ class Soak:
         if wrong:
             problems.append(f"{len(wrong)} results of an unexpected status, e.g. {wrong[:5]}")
         problems += self.obs.commit_violations[:5]
+        problems += [f"{e} (restarted)" for e in self.unexpected_exits]
         if set(dlq_keys) != self.bad_keys:
             extra = set(dlq_keys) - self.bad_keys
             missed = self.bad_keys - set(dlq_keys)
@@ -548,6 +568,7 @@ class Soak:
                 "redelivered_copies": len(dlq_keys) - len(sources),
             },
             "leaders_killed": self.leaders_killed,
+            "unexpected_exits": self.unexpected_exits,
             "commit_samples": self.obs.commit_samples,
             "commit_violations": len(self.obs.commit_violations),
             "recovery_s": recovery,

@@ -41,6 +41,7 @@ def _run(cfg: SoakConfig, cluster_stack: Any, tmp_path: Path) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.timeout(900)
 def test_chaos_soak_ci(cluster_stack: Any, tmp_path: Path) -> None:
     cfg = SoakConfig(seed=_seed(CI_SEED), duration_s=90, requests=4_000, job_lines=(1_500, 1_500))
     report = _run(cfg, cluster_stack, tmp_path)
@@ -56,6 +57,7 @@ def test_chaos_soak_ci(cluster_stack: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_chaos_soak_long(cluster_stack: Any, tmp_path: Path) -> None:
     cfg = SoakConfig(
         seed=_seed(None),
