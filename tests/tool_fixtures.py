@@ -15,6 +15,7 @@ import time
 import redis
 
 from producer.tools import ToolCallContext, ToolRegistry
+from schemas.redis_conn import connect
 
 
 def _approve_small(call: ToolCallContext) -> bool | str:
@@ -37,9 +38,7 @@ _redis: redis.Redis | None = None
 def _client() -> redis.Redis:
     global _redis
     if _redis is None:
-        _redis = redis.Redis.from_url(
-            os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0")
-        )
+        _redis = connect(os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     return _redis
 
 

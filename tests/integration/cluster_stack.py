@@ -37,6 +37,19 @@ UP_ARGS = ("up", "--brokers", "3", "--redis-cluster")
 REDIS_NODES = 6
 
 
+def _test_stack_mode() -> str:
+    mode = os.environ.get("QBATCH_TEST_STACK", "").strip().lower() or "single"
+    if mode not in ("single", "cluster"):
+        raise RuntimeError(f"QBATCH_TEST_STACK must be 'single' or 'cluster', got {mode!r}")
+    return mode
+
+
+ON_CLUSTER = _test_stack_mode() == "cluster"
+"""`QBATCH_TEST_STACK=cluster`: the integration suite's `stack` fixture and the module
+defaults of tests/integration/workers.py point at this cluster instead of the single
+stack (deploy/local/README.md, "Cluster modes")."""
+
+
 def parse_exports(text: str) -> dict[str, str]:
     env: dict[str, str] = {}
     for line in text.splitlines():

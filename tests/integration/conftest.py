@@ -4,6 +4,10 @@ The `stack` fixture runs `deploy/local/stack.sh up` once per session (it reuses 
 running stack and returns in about a second). If the stack cannot start the
 fixture raises, so every integration test errors: nothing is skipped silently.
 `cluster_stack` does the same for `stack.sh up --brokers 3 --redis-cluster`.
+
+With `QBATCH_TEST_STACK=cluster`, `stack` is that cluster instead (3 Kafka brokers, a
+`redis+cluster://` URL), so the whole suite runs against it; tests that only make sense
+on one server skip with the reason (deploy/local/README.md, "Cluster modes").
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster_stack import ClusterStack, cluster_up
+from schemas.redis_conn import connect
+from tests.integration.cluster_stack import ON_CLUSTER, ClusterStack, cluster_up
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACK_SH = REPO_ROOT / "deploy" / "local" / "stack.sh"
@@ -53,6 +58,15 @@ def _parse_exports(text: str) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def stack() -> Stack:
+    if ON_CLUSTER:
+        cluster = cluster_up()
+        return Stack(
+            kafka_bootstrap=cluster.kafka_bootstrap,
+            redis_url=cluster.redis_url,
+            topic=cluster.topic,
+            dlq_topic=cluster.dlq_topic,
+            env=cluster.env,
+        )
     proc = subprocess.run(
         ["bash", str(STACK_SH), "up"],
         cwd=REPO_ROOT,
@@ -107,10 +121,9 @@ def prefix() -> str:
 
 @pytest.fixture
 def redis_client(redis_url: str, prefix: str) -> Iterator[Any]:
-    """redis-py client (decode_responses=True); deletes the keys under `prefix` afterwards."""
-    import redis
-
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    """redis-py client (decode_responses=True; a cluster client for a `redis+cluster://`
+    URL); deletes the keys under `prefix` afterwards."""
+    client = connect(redis_url, decode_responses=True)
     client.ping()
     try:
         yield client
@@ -145,7 +158,7 @@ def fresh_topic(kafka_admin: Any, prefix: str) -> Iterator[Callable[..., str]]:
     def make(partitions: int = 1, name: str | None = None) -> str:
         topic = name or f"{prefix}.t{len(created)}"
         admin.create_topics(
-            {topic: {"num_partitions": partitions, "replication_factor": 1}},
+            {topic: {"num_partitions": partitions, "replication_factor": 3 if ON_CLUSTER else 1}},
             timeout_ms=30_000,
         )
         created.append(topic)

@@ -16,12 +16,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.cluster_stack import ON_CLUSTER
 from tests.integration.conftest import Stack
 from tests.integration.workers import Lane
 from tests.reliability.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        ON_CLUSTER,
+        reason="the GPU benchmark harness (tests/benchmarks/bench_gpu.py, ab_worker_echo.py) "
+        "is single-server: standalone key names, redis.Redis clients, replication-1 topics "
+        "(refused by the cluster's min.insync.replicas=2), and the A/B run checks out HEAD's "
+        "tree",
+    ),
+]
 
 
 def bench(stack: Stack, out: Path, *args: str) -> str:

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from schemas.keys import RedisKeys
+from schemas.redis_conn import is_cluster
 from schemas.scripts import function
 
 FINALIZE = function("finalize") + "\nreturn finalize(KEYS[1])\n"
@@ -32,13 +34,13 @@ FINALIZE = function("finalize") + "\nreturn finalize(KEYS[1])\n"
 def test_final_status(
     redis_client: Any, prefix: str, fields: dict[str, Any], expected: str
 ) -> None:
-    job = f"{prefix}:job:j"
+    job = RedisKeys(prefix, cluster=is_cluster(redis_client)).job("j")
     redis_client.hset(job, mapping={"status": "running", "total": 100, **fields})
     assert redis_client.eval(FINALIZE, 1, job) == expected
     assert redis_client.hget(job, "status") == expected
 
 
 def test_a_job_without_a_total_is_left_alone(redis_client: Any, prefix: str) -> None:
-    job = f"{prefix}:job:j"
+    job = RedisKeys(prefix, cluster=is_cluster(redis_client)).job("j")
     redis_client.hset(job, mapping={"status": "running", "succeeded": 5})
     assert redis_client.eval(FINALIZE, 1, job) == "running"

@@ -14,10 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from producer.client import Request
 from schemas import Status
+from schemas.keys import RedisKeys
+from schemas.redis_conn import connect, is_cluster_url
+from tests.integration.cluster_stack import ON_CLUSTER
 
 try:  # tests/integration is a rootdir-relative folder, or a package once it has __init__.py
     from tests.integration.workers import Lane, echo_worker, qbatch, qbatch_popen
@@ -37,6 +39,8 @@ def _up(host: str, port: int) -> bool:
 
 @pytest.fixture(scope="module", autouse=True)
 def _stack() -> None:
+    if ON_CLUSTER:  # QBATCH_TEST_STACK=cluster: workers.py's defaults name the cluster
+        return
     if not (_up("127.0.0.1", 9092) and _up("127.0.0.1", 6379)):
         pytest.skip("local Kafka/Redis not up (deploy/local/stack.sh up)")
 
@@ -74,9 +78,10 @@ def read_jsonl(path: Path) -> list[dict]:  # type: ignore[type-arg]
 
 
 def job_hash(lane: Lane, job: str) -> dict[str, str]:
-    r = redis.Redis.from_url(lane.redis_url, decode_responses=True)
+    r = connect(lane.redis_url, decode_responses=True)
     try:
-        return r.hgetall(f"{lane.prefix}:job:{job}")  # type: ignore[return-value]
+        key = RedisKeys(lane.prefix, cluster=is_cluster_url(lane.redis_url)).job(job)
+        return r.hgetall(key)  # type: ignore[no-any-return]
     finally:
         r.close()
 

@@ -40,6 +40,8 @@ import redis
 import yaml
 from kafka import KafkaProducer
 
+from schemas.keys import RedisKeys
+from schemas.redis_conn import connect, is_cluster, mget
 from tests.integration.workers import REPO, Lane, start_worker, stop_worker
 from tests.prometheus_fixtures import require_binary
 from tests.serve_fixtures import Server, free_port, keys_file
@@ -250,7 +252,8 @@ def caught_up(prom: Prom, requests: int, dead_letters: int, serve_requests: int)
 
 def wait_results(r: redis.Redis, prefix: str, rids: list[str], timeout: float = 60) -> None:
     def done() -> bool:
-        found: list[Any] = r.mget([f"{prefix}:result:{x}" for x in rids])  # type: ignore[assignment]
+        layout = RedisKeys(prefix, cluster=is_cluster(r))
+        found = mget(r, [layout.result(x) for x in rids])
         return all(v is not None for v in found)
 
     wait_until(f"results of {len(rids)} requests", done, timeout=timeout, every=0.2)
@@ -299,7 +302,7 @@ def test_dashboard_queries_and_alert_rules_on_live_worker_metrics(
     server = Server(
         lane, tmp_path / "files", keys_file(tmp_path / "keys.json"), tmp_path / "serve.log"
     )
-    r = redis.Redis.from_url(lane.redis_url)
+    r = connect(lane.redis_url)
     try:
         wait_http(f"http://127.0.0.1:{metrics_port}/metrics", worker, worker_log)
         server.start()

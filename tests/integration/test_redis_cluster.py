@@ -182,15 +182,7 @@ def test_pipeline_end_to_end_on_the_cluster(cluster_stack: Any, stack: Any, tmp_
     """An echo worker, the client and `qbatch bulk run`, with the single broker for Kafka
     and the Redis Cluster for results: every request answered, the job's counters exact,
     the output file complete and in input order."""
-    base = unique("qbrc")
-    lane = Lane(
-        topic=f"{base}.requests",
-        dlq_topic=f"{base}.requests.dlq",
-        group=f"{base}-workers",
-        prefix=base.replace("-", "_"),
-        bootstrap=stack.kafka_bootstrap,
-        redis_url=cluster_stack.redis_url,
-    )
+    lane = Lane.on(stack.kafka_bootstrap, cluster_stack.redis_url, "qbrc")
     lane.create_topics(4)
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     with src.open("w") as fh:

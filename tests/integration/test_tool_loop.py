@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis as redis_lib
 from kafka import KafkaConsumer, KafkaProducer
 
 from schemas import ErrorCode, ResultEnvelope, Status
+from schemas.redis_conn import connect
 from schemas.tool_events import ToolTurnEvent
 from tests.integration.workers import Lane, start_executor, start_worker, stop_worker
 from tests.tool_fixtures import call_block, registry
@@ -57,7 +57,7 @@ def body(content: str, *tools: str, tool_choice: str | None = None) -> dict[str,
 
 
 def ran(lane: Lane, key: str) -> int:
-    client = redis_lib.Redis.from_url(lane.redis_url)
+    client = connect(lane.redis_url)
     try:
         return int(client.get(f"{lane.prefix}:ran:{key}") or 0)
     finally:

@@ -1,8 +1,10 @@
 """The worker end to end against the real local Kafka and Redis (echo engine).
 
 The client side of these tests is written only from the documented contract
-(schemas/README.md): plain kafka-python records in, plain redis-py reads out,
-no qbatch imports, so they also prove a non-qbatch producer can use the service.
+(schemas/README.md): plain kafka-python records in, plain redis-py reads out, so they
+also prove a non-qbatch producer can use the service. The only qbatch imports name the
+documented key layout (`RedisKeys`, hash-tagged on a Redis Cluster) and open the client
+(`connect`, `mget`), so the same tests run with `QBATCH_TEST_STACK=cluster`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import redis
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
 
+from schemas.keys import RedisKeys
+from schemas.redis_conn import is_cluster, is_cluster_url, mget
+from tests.integration.cluster_stack import ON_CLUSTER
 from tests.integration.workers import Lane, stop_worker
 from tests.integration.workers import start_worker as _start_worker
 
@@ -68,6 +73,11 @@ def start_worker(lane: Lane, *extra: str) -> subprocess.Popen[bytes]:
     return _start_worker(lane, *extra, log=_current_tmp.get() / "worker.log")
 
 
+def keys(lane: Lane) -> RedisKeys:
+    """The lane's key layout (ids in hash tags on a Redis Cluster; schemas/README.md)."""
+    return RedisKeys(lane.prefix, cluster=is_cluster_url(lane.redis_url))
+
+
 def chat(rid: str, text: str, **extra: Any) -> dict[str, Any]:
     body = {"messages": [{"role": "user", "content": text}], "max_tokens": 64}
     body.update(extra.pop("body", {}))
@@ -96,15 +106,14 @@ def wait_results(
 ) -> dict[str, dict[str, Any]]:
     deadline = time.monotonic() + timeout
     found: dict[str, dict[str, Any]] = {}
+    layout = RedisKeys(prefix, cluster=is_cluster(r))
     while time.monotonic() < deadline:
         missing = [rid for rid in rids if rid not in found]
         if not missing:
             break
         for start in range(0, len(missing), 1000):
             chunk = missing[start : start + 1000]
-            for rid, raw in zip(
-                chunk, r.mget([f"{prefix}:result:{x}" for x in chunk]), strict=True
-            ):
+            for rid, raw in zip(chunk, mget(r, [layout.result(x) for x in chunk]), strict=True):
                 if raw is not None:
                     found[rid] = json.loads(raw)
         time.sleep(0.2)
@@ -170,8 +179,8 @@ def test_n_requests_in_n_results_out(lane: Lane, redis_client: redis.Redis) -> N
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
         assert 1 <= res["worker"]["batch_size"] <= 64
         # one wake-up token per request, and a TTL on both keys
-        assert redis_client.llen(f"{lane.prefix}:done:{env['request_id']}") == 1
-        assert 0 < redis_client.ttl(f"{lane.prefix}:result:{env['request_id']}") <= 86_400
+        assert redis_client.llen(keys(lane).done(env["request_id"])) == 1
+        assert 0 < redis_client.ttl(keys(lane).result(env["request_id"])) <= 86_400
 
 
 def test_tool_calls_are_extracted_and_checked(lane: Lane, redis_client: redis.Redis) -> None:
@@ -227,7 +236,7 @@ def test_every_kind_of_bad_input_is_answered_or_dead_lettered(
     lane: Lane, redis_client: redis.Redis
 ) -> None:
     r = redis_client
-    r.set(f"{lane.prefix}:job:cancelled-job:cancel", "1", ex=600)
+    r.set(keys(lane).job_cancel("cancelled-job"), "1", ex=600)
     long_prompt = " ".join(["word"] * 300)
     bad: dict[str, tuple[bytes | None, bytes, str]] = {
         # rid: (key, value, expected error param or code)
@@ -284,7 +293,7 @@ def test_every_kind_of_bad_input_is_answered_or_dead_lettered(
             assert error["message"].startswith(expect), (rid, error)
     assert results["b-expired"]["status"] == "expired"
     assert results["b-cancelled"]["status"] == "cancelled"
-    assert r.llen(f"{lane.prefix}:done:g0") == 1  # the duplicate was not answered twice
+    assert r.llen(keys(lane).done("g0")) == 1  # the duplicate was not answered twice
     dead = _dlq_records(lane, expected=len(bad) - 2 + len(no_rid))
     # expired and cancelled are outcomes, not bad input: they are not dead-lettered
     assert len(dead) == len(bad) - 2 + len(no_rid)
@@ -297,7 +306,7 @@ def test_every_kind_of_bad_input_is_answered_or_dead_lettered(
 
 def test_redelivered_request_is_not_run_again(lane: Lane, redis_client: redis.Redis) -> None:
     envelopes = [chat(f"d{i}", f"once {i}", job_id="job-d") for i in range(200)]
-    redis_client.hset(f"{lane.prefix}:job:job-d", mapping={"total": 200, "status": "running"})
+    redis_client.hset(keys(lane).job("job-d"), mapping={"total": 200, "status": "running"})
     produce_envelopes(lane, envelopes)
     worker = start_worker(lane)
     try:
@@ -305,7 +314,7 @@ def test_redelivered_request_is_not_run_again(lane: Lane, redis_client: redis.Re
     finally:
         stop_worker(worker)
     assert len(first) == 200
-    assert redis_client.hget(f"{lane.prefix}:job:job-d", "status") == "completed"
+    assert redis_client.hget(keys(lane).job("job-d"), "status") == "completed"
     # The same records again, as a producer retry would send them.
     produce_envelopes(lane, envelopes)
     worker = start_worker(lane)
@@ -315,11 +324,11 @@ def test_redelivered_request_is_not_run_again(lane: Lane, redis_client: redis.Re
         stop_worker(worker)
     again = wait_results(redis_client, lane.prefix, [e["request_id"] for e in envelopes], 5)
     assert again == first  # untouched: same batch ids, same timings
-    job = redis_client.hgetall(f"{lane.prefix}:job:job-d")
+    job = redis_client.hgetall(keys(lane).job("job-d"))
     assert job["succeeded"] == "200"
-    assert redis_client.xlen(f"{lane.prefix}:job:job-d:done") == 200
+    assert redis_client.xlen(keys(lane).job_stream("job-d")) == 200
     for env in envelopes[:20]:
-        assert redis_client.llen(f"{lane.prefix}:done:{env['request_id']}") == 1
+        assert redis_client.llen(keys(lane).done(env["request_id"])) == 1
 
 
 def test_batch_window_counts_the_time_a_record_spent_in_kafka(
@@ -348,12 +357,12 @@ def test_batch_window_counts_the_time_a_record_spent_in_kafka(
 def test_kill_9_mid_stream_loses_nothing(lane: Lane, redis_client: redis.Redis) -> None:
     n = 6000
     envelopes = [chat(f"k{i}", f"survive {i}", job_id="job-k") for i in range(n)]
-    redis_client.hset(f"{lane.prefix}:job:job-k", mapping={"total": n, "status": "running"})
+    redis_client.hset(keys(lane).job("job-k"), mapping={"total": n, "status": "running"})
     produce_envelopes(lane, envelopes)
     worker = start_worker(lane, "--echo-delay-ms", "20", "--max-inflight", "512")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        done = int(redis_client.hget(f"{lane.prefix}:job:job-k", "succeeded") or 0)
+        done = int(redis_client.hget(keys(lane).job("job-k"), "succeeded") or 0)
         if done >= n // 4:
             break
         time.sleep(0.05)
@@ -367,9 +376,9 @@ def test_kill_9_mid_stream_loses_nothing(lane: Lane, redis_client: redis.Redis) 
     finally:
         stop_worker(worker)
     assert len(results) == n
-    job = redis_client.hgetall(f"{lane.prefix}:job:job-k")
+    job = redis_client.hgetall(keys(lane).job("job-k"))
     assert int(job["succeeded"]) == n  # written once each, counted once each
-    assert redis_client.xlen(f"{lane.prefix}:job:job-k:done") == n
+    assert redis_client.xlen(keys(lane).job_stream("job-k")) == n
     assert job["status"] == "completed"
 
 
@@ -420,6 +429,11 @@ def _private_redis(port: int, data_dir: Any) -> subprocess.Popen[bytes]:
     raise RuntimeError("private redis-server did not start")
 
 
+@pytest.mark.skipif(
+    ON_CLUSTER,
+    reason="starts, SHUTDOWNs and restarts a private single redis-server; Redis node kills "
+    "on the cluster are the chaos soak's (tests/reliability/soak.py)",
+)
 def test_redis_outage_pauses_then_catches_up(lane: Lane, tmp_path: Any) -> None:
     """While Redis is down: results held, nothing committed, worker alive; then it catches up."""
     port = 26379 + os.getpid() % 1000

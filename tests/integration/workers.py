@@ -19,10 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from producer.client import QBatchClient
+from tests.integration.cluster_stack import ON_CLUSTER, cluster_up
 
 REPO = Path(__file__).resolve().parents[2]
-BOOTSTRAP = os.environ.get("QBATCH_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-REDIS_URL = os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+if ON_CLUSTER:  # QBATCH_TEST_STACK=cluster: the 3-broker Kafka + Redis Cluster
+    _cluster = cluster_up()
+    BOOTSTRAP, REDIS_URL, REPLICATION = _cluster.kafka_bootstrap, _cluster.redis_url, 3
+else:
+    BOOTSTRAP = os.environ.get("QBATCH_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    REDIS_URL = os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    REPLICATION = 1
 
 
 def unique(name: str) -> str:
@@ -30,7 +36,7 @@ def unique(name: str) -> str:
 
 
 def create_topic(
-    name: str, partitions: int = 8, bootstrap: str = BOOTSTRAP, replication: int = 1
+    name: str, partitions: int = 8, bootstrap: str = BOOTSTRAP, replication: int = REPLICATION
 ) -> str:
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
@@ -84,6 +90,14 @@ class Lane:
             prefix=base.replace("-", "_"),
         )
 
+    @classmethod
+    def on(cls, bootstrap: str, redis_url: str, name: str = "qbp") -> Lane:
+        """A new lane on other servers (e.g. the cluster of `stack.sh up --brokers 3
+        --redis-cluster`)."""
+        lane = cls.new(name)
+        lane.bootstrap, lane.redis_url = bootstrap, redis_url
+        return lane
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
@@ -125,7 +139,7 @@ class Lane:
             self.prefix,
         ]
 
-    def create_topics(self, partitions: int = 8, replication: int = 1) -> None:
+    def create_topics(self, partitions: int = 8, replication: int = REPLICATION) -> None:
         for topic, n in (
             (self.topic, partitions),
             (self.bulk_topic, partitions),

