@@ -251,7 +251,7 @@ class Soak:
                     self.expected[f"{job}.{i}"] = Expected(allowed, time.monotonic())
             if job == self.cancelled_job:
                 submit = qbatch_popen(
-                    self.lane, "-q", "bulk", "submit", str(src), "--job", job, "--chunk", "100"
+                    self.lane, "-q", "bulk", "submit", str(src), "--job", job, "--chunk", "10"
                 )
                 self._wait_submitting(job, submit)
                 cancel = qbatch(self.lane, "-q", "bulk", "cancel", job)
