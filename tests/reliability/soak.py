@@ -116,6 +116,8 @@ class Soak:
         self.skipped_faults: list[str] = []
         """Faults the harness could not apply (reported, not counted as applied)."""
         """Requests the brokers refused while a broker was down, published again."""
+        self.started: list[subprocess.Popen[bytes]] = []
+        """Every worker process this run started: all are stopped at the end."""
         self.killed: set[int] = set()
         """Workers the schedule has killed and not yet restarted."""
         self.unexpected_exits: list[str] = []
@@ -151,6 +153,7 @@ class Soak:
         self.workers[i] = subprocess.Popen(
             cmd, env=self._worker_env(), cwd=REPO, stdout=log, stderr=log
         )
+        self.started.append(self.workers[i])
 
     # ------------------------------------------------------------ traffic
 
@@ -516,8 +519,8 @@ class Soak:
 
     def _restore(self) -> None:
         """Leave the shared cluster as found: every worker stopped, every node running."""
-        for proc in self.workers:
-            if proc is not None and proc.poll() is None:
+        for proc in self.started:
+            if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, 18)
                 stop_worker(proc)

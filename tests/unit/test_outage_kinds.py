@@ -73,3 +73,20 @@ def test_a_real_refusal_stays_a_refusal() -> None:
 
     with pytest.raises(SinkRefused):
         call(fail)
+
+
+def test_a_socket_closed_under_the_reader_is_an_outage() -> None:
+    """redis-py's cluster client closing a socket another thread reads (a layout reload
+    after a failover) stopped a worker in CI's chaos soak."""
+
+    def closed() -> None:
+        raise ValueError("I/O operation on closed file.")
+
+    with pytest.raises(SinkUnavailable):
+        call(closed)
+
+    def bug() -> None:
+        raise ValueError("invalid literal for int()")
+
+    with pytest.raises(ValueError, match="invalid literal"):  # a real bug still surfaces
+        call(bug)

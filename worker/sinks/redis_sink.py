@@ -71,6 +71,15 @@ def call(fn: Callable[[], T]) -> T:
         raise SinkRefused(f"Redis refused: {exc}") from exc
     except redis.RedisError as exc:  # anything else of the client's: treat as an outage
         raise SinkUnavailable(f"Redis: {type(exc).__name__}: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        # redis-py's cluster client can close a socket under another thread while it
+        # re-reads the cluster's layout after a failover; the reader then gets the raw
+        # I/O error (the CI chaos soak: "ValueError: I/O operation on closed file" stopped
+        # a worker). Each thread has its own cluster client now (RedisSink), and what
+        # still slips through is an outage: retried, never a fault of the worker.
+        if isinstance(exc, ValueError) and "closed file" not in str(exc):
+            raise
+        raise SinkUnavailable(f"Redis: {type(exc).__name__}: {exc}") from exc
 
 
 def _redacted(url: str) -> str:
@@ -87,24 +96,35 @@ class RedisSink(ReplySink):
     name = "redis"
     dedupes = True
 
-    def __init__(self, client: Any, keys: RedisKeys, where: str = "") -> None:
+    def __init__(
+        self, client: Any, keys: RedisKeys, where: str = "", admission_client: Any = None
+    ) -> None:
         self.where = where
         self._client = client
+        self._admission_client = admission_client or client
+        """The dispatcher's own client on a cluster (see `from_settings`)."""
         self._keys = keys
         self._writer = ResultWriter(client, keys)
         self._admission_script = client.register_script(lua("admission"))
 
     @classmethod
     def from_settings(cls, settings: ConnectionSettings) -> RedisSink:
-        client = connect(
-            settings.redis_url,
-            failover_wait_s=0,  # the sink's own outage handling pauses intake and retries
-            socket_timeout=5,
-            socket_connect_timeout=5,
-            health_check_interval=15,
-            **settings.redis_kwargs(),
-        )
-        return cls(client, settings.keys, _redacted(settings.redis_url))
+        def new() -> Any:
+            return connect(
+                settings.redis_url,
+                failover_wait_s=0,  # the sink's own outage handling pauses and retries
+                socket_timeout=5,
+                socket_connect_timeout=5,
+                health_check_interval=15,
+                **settings.redis_kwargs(),
+            )
+
+        client = new()
+        # redis-py's cluster client is not safe to share between threads while it reloads
+        # the cluster's layout (it closes sockets another thread is reading): the
+        # dispatcher's admission gets a client of its own there.
+        admission = new() if is_cluster(client) else client
+        return cls(client, settings.keys, _redacted(settings.redis_url), admission)
 
     @property
     def client(self) -> Any:
@@ -139,7 +159,7 @@ class RedisSink(ReplySink):
         key of another type counts as absent, as there; and a result of this request's job
         that the job has not counted yet (a crash between the two write steps) counts as
         unanswered, so the request runs again and its write finishes the count."""
-        pipe = self._client.pipeline(transaction=False)
+        pipe = self._admission_client.pipeline(transaction=False)
         for env in envelopes:
             pipe.get(self._keys.result(env.request_id))
         for job in jobs:
@@ -153,7 +173,7 @@ class RedisSink(ReplySink):
         cancelled = frozenset(job for job, t in zip(jobs, types, strict=True) if _s(t) == "string")
         same = [e for e in envelopes if e.job_id and answered.get(e.request_id) == e.job_id]
         if same:
-            pipe = self._client.pipeline(transaction=False)
+            pipe = self._admission_client.pipeline(transaction=False)
             for env in same:
                 pipe.sismember(self._keys.job_counted(env.job_id or ""), env.request_id)
             for env, counted in zip(same, pipe.execute(raise_on_error=False), strict=True):
@@ -196,6 +216,8 @@ class RedisSink(ReplySink):
 
     def close(self) -> None:
         self._client.close()
+        if self._admission_client is not self._client:
+            self._admission_client.close()
 
 
 def _s(raw: Any) -> str:
