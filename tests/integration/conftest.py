@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from schemas.redis_conn import connect
-from tests.integration.cluster_stack import ON_CLUSTER, ClusterStack, cluster_up
+from tests.integration.cluster_stack import ON_CLUSTER, ClusterStack, cluster_up, parse_exports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACK_SH = REPO_ROOT / "deploy" / "local" / "stack.sh"
@@ -44,16 +44,6 @@ class Stack:
     topic: str
     dlq_topic: str
     env: dict[str, str]
-
-
-def _parse_exports(text: str) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("export ") and "=" in line:
-            key, _, value = line[len("export ") :].partition("=")
-            env[key.strip()] = value.strip().strip("'\"")
-    return env
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +70,7 @@ def stack() -> Stack:
             f"deploy/local/stack.sh up failed (exit {proc.returncode}):\n"
             f"{proc.stderr[-4000:]}\n{proc.stdout[-2000:]}"
         )
-    env = _parse_exports(proc.stdout)
+    env = parse_exports(proc.stdout)
     missing = {"QBATCH_KAFKA_BOOTSTRAP", "QBATCH_REDIS_URL"} - env.keys()
     if missing:
         raise RuntimeError(f"stack.sh up printed no {sorted(missing)}; stdout was:\n{proc.stdout}")

@@ -33,7 +33,8 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
 
 import tests.integration.conftest as _shared
-from tests.integration.conftest import STACK_SH, Stack, _parse_exports
+from tests.integration.cluster_stack import parse_exports
+from tests.integration.conftest import STACK_SH, Stack
 from tests.integration.workers import REPO, Lane, start_worker, stop_worker
 
 HERE = Path(__file__).resolve().parent
@@ -492,7 +493,7 @@ class PrivateStack:
         return proc
 
     def start(self) -> dict[str, str]:
-        self.env_vars = _parse_exports(self._run("up").stdout)
+        self.env_vars = parse_exports(self._run("up").stdout)
         return self.env_vars
 
     @property

@@ -29,7 +29,6 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from kafka.structs import TopicPartition
 from schemas import RedisKeys
 from schemas.redis_conn import connect, mget
 from tests.integration.cluster_stack import ClusterStack
-from tests.integration.workers import REPO, Lane, qbatch, qbatch_popen, stop_worker
+from tests.integration.workers import Lane, qbatch, qbatch_popen, start_worker, stop_worker
 from tests.reliability.chaos import Fault, FaultKind, schedule
 
 TOOLS = [
@@ -130,28 +129,14 @@ class Soak:
 
     # ------------------------------------------------------------ processes
 
-    def _worker_env(self) -> dict[str, str]:
-        return self.lane.env()
-
     def start_worker(self, i: int) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "worker",
-            "--engine",
-            "echo",
-            "--auto-offset-reset",
-            "earliest",
-            "--metrics-port",
-            "0",
+        self.workers[i] = start_worker(
+            self.lane,
             "--session-timeout-ms",
             str(self.cfg.session_timeout_ms),
             "--worker-id",
             f"soak-w{i}",
-        ]
-        log = (self.tmp / f"worker-{i}.log").open("ab")
-        self.workers[i] = subprocess.Popen(
-            cmd, env=self._worker_env(), cwd=REPO, stdout=log, stderr=log
+            log=self.tmp / f"worker-{i}.log",
         )
         self.started.append(self.workers[i])
 
