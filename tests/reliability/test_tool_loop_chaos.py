@@ -27,6 +27,10 @@ from tests.tool_fixtures import call_block, registry
 
 N = 300
 MAX_BATCH = 16
+# Four answers at a time, 20 ms each: loops finish at most ~200 a second, so the last
+# third takes >= 0.5 s and a 50-ms poll cannot miss it (unlimited, a whole third finished
+# inside one batch on a busy CI machine and the worker kill landed after the end).
+ECHO = ("--echo-delay-ms", "20", "--echo-concurrency", "4")
 
 
 @pytest.fixture
@@ -57,7 +61,7 @@ def _wait_done(client: object, ids: list[str], at_least: int, timeout: float) ->
 def test_loops_finish_and_recorded_calls_never_rerun_across_kill_9(
     lane: Lane, tmp_path: Path
 ) -> None:
-    worker = start_worker(lane, "--echo-delay-ms", "20", log=tmp_path / "worker1.log")
+    worker = start_worker(lane, *ECHO, log=tmp_path / "worker1.log")
     executor = start_executor(
         lane, "tests.tool_fixtures:registry", "--max-batch", str(MAX_BATCH),
         log=tmp_path / "executor1.log",
@@ -94,11 +98,12 @@ def test_loops_finish_and_recorded_calls_never_rerun_across_kill_9(
             at_worker_kill = _wait_done(client, ids, 2 * N // 3, 120)
             os.kill(worker.pid, signal.SIGKILL)
             worker.wait(10)
-            worker = start_worker(lane, "--echo-delay-ms", "20", log=tmp_path / "worker2.log")
+            worker = start_worker(lane, *ECHO, log=tmp_path / "worker2.log")
             procs.append(worker)
             results = client.wait_many(ids, timeout=180)
         assert 0 < at_executor_kill < N and at_executor_kill <= at_worker_kill < N, (
-            "both kills must land mid-stream"
+            f"both kills must land mid-stream (done at the executor kill: {at_executor_kill}, "
+            f"at the worker kill: {at_worker_kill}, of {N})"
         )
         missing = [rid for rid, r in results.items() if r is None]
         assert not missing, f"{len(missing)} loops never finished"
