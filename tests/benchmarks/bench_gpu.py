@@ -276,18 +276,42 @@ def _bootstrap() -> str:
     return os.environ.get("QBATCH_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 
 
-def _redis() -> Any:
-    import redis
+def _redis_url() -> str:
+    return os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
-    return redis.Redis.from_url(os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
+
+def _redis() -> Any:
+    """A client for QBATCH_REDIS_URL: one Redis, or a Redis Cluster (redis+cluster://)."""
+    from schemas.redis_conn import connect
+
+    return connect(_redis_url())
+
+
+def _keys(prefix: str) -> Any:
+    """The contract's key names under `prefix` (hash-tagged on a Redis Cluster)."""
+    from schemas import RedisKeys
+    from schemas.redis_conn import is_cluster_url
+
+    return RedisKeys(prefix, cluster=is_cluster_url(_redis_url()))
+
+
+def _mget(client: Any, keys: list[str]) -> list[Any]:
+    from schemas.redis_conn import mget
+
+    return mget(client, keys)
 
 
 def _create_topic(topic: str) -> None:
     """A run's requests topic and its bulk lane's (the worker subscribes to both)."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    admin = KafkaAdminClient(bootstrap_servers=_bootstrap())
-    admin.create_topics([NewTopic(topic, 8, 1), NewTopic(f"{topic}.bulk", 8, 1)])
+    admin = KafkaAdminClient(bootstrap_servers=_bootstrap().split(","))
+    # Replicated where there are brokers to replicate to (a cluster's min.insync.replicas=2
+    # refuses acks=all writes to a topic of one replica).
+    replication = min(3, len(admin.describe_cluster()["brokers"]))
+    admin.create_topics(
+        [NewTopic(topic, 8, replication), NewTopic(f"{topic}.bulk", 8, replication)]
+    )
     admin.close()
 
 
@@ -354,7 +378,7 @@ def _preload(
     `extra`: envelope fields every request gets (e.g. a priority)."""
     from kafka import KafkaProducer
 
-    _redis().hset(f"{prefix}:job:{job}", mapping={"total": len(reqs), "status": "running"})
+    _redis().hset(_keys(prefix).job(job), mapping={"total": len(reqs), "status": "running"})
     producer = KafkaProducer(bootstrap_servers=_bootstrap(), linger_ms=20, acks="all")
     for i, req in enumerate(reqs):
         env = _envelope(req, i, job) | (extra or {})
@@ -368,7 +392,7 @@ def _wait_job(prefix: str, job: str, n: int, timeout_s: float) -> float:
     r = _redis()
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        if int(r.hget(f"{prefix}:job:{job}", "succeeded") or 0) >= n:
+        if int(r.hget(_keys(prefix).job(job), "succeeded") or 0) >= n:
             break
         time.sleep(0.02)
     return time.time()
@@ -378,7 +402,7 @@ def _summary(name: str, prefix: str, reqs: list[Req], seen_all: float) -> dict[s
     """Throughput and latency of one run, from the results' own timings (epoch ms)."""
     results = [
         json.loads(raw)
-        for raw in _redis().mget([f"{prefix}:result:{req.rid}" for req in reqs])
+        for raw in _mget(_redis(), [_keys(prefix).result(req.rid) for req in reqs])
         if raw is not None
     ]
     ok = [res for res in results if res["status"] == "succeeded"]
@@ -484,12 +508,12 @@ def lone_latency(
             t0 = time.perf_counter()
             producer.send(f"bench.{run}", key=rid.encode(), value=json.dumps(env).encode())
             producer.flush()
-            r.blpop([f"{run}:done:{rid}"], timeout=60)
+            r.blpop([_keys(run).done(rid)], timeout=60)
             took = time.perf_counter() - t0
             woke_ms = time.time() * 1000
             if i >= 2:
                 e2e.append(took)
-                t = json.loads(r.get(f"{run}:result:{rid}") or b"{}").get("timings", {})
+                t = json.loads(r.get(_keys(run).result(rid)) or b"{}").get("timings", {})
                 if all(t.get(k) for k in ("submitted", "dequeued", "dispatched", "finished")):
                     parts["kafka"].append(t["dequeued"] - t["submitted"])
                     parts["batching"].append(t["dispatched"] - t["dequeued"])
@@ -612,6 +636,9 @@ KNOBS: dict[str, tuple[dict[str, Any], list[str]]] = {
     ),
     "max-num-seqs-256": ({"max_num_seqs": 256}, ["w400"]),
     "fp8-kv-cache": ({"kv_cache_dtype": "fp8"}, ["w400"]),
+    # fp8 weights, quantized online from the bf16 checkpoint (issue 18): a throughput
+    # profile, off by default; with dummy weights only its speed means anything.
+    "fp8": ({"quantization": "fp8"}, ["w400"]),
 }
 
 
@@ -791,6 +818,17 @@ def _load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def _ceiling_cell(row: dict[str, Any]) -> str:
+    """The run's total (prompt + output) tokens/s against the bf16 compute ceiling of this
+    GPU (tests/benchmarks/ceiling.py). The first n requests of W are the run's requests
+    (workload() draws them in order), so their prompt lengths are known exactly."""
+    from tests.benchmarks import ceiling
+
+    prompt = sum(len(r.prompt) for r in workload(row["n"]))
+    total = row["out_tok_per_s"] + prompt / row["elapsed_s"]
+    return ceiling.column(total, _gpu_name(), ceiling.model_params(MODEL_DIR))
+
+
 def report(out: Path) -> None:
     """Tables (markdown), ratios and a plot from whatever static/continuous JSON is there."""
     static, cont = _load(out / "static.json"), _load(out / "continuous.json")
@@ -803,8 +841,9 @@ def report(out: Path) -> None:
     lines = []
     if runs:
         lines += [
-            "| run | requests | req/s | output tok/s | p50 s | p90 s | p99 s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| run | requests | req/s | output tok/s | p50 s | p90 s | p99 s"
+            " | total tok/s vs bf16 ceiling |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
         for name in ("A", "B16", "B64", "C"):
             if name not in runs:
@@ -812,7 +851,8 @@ def report(out: Path) -> None:
             row, lat = runs[name], runs[name]["latency_s"]
             lines.append(
                 f"| {name} | {row['n']} | {row['req_per_s']} | {row['out_tok_per_s']} | "
-                f"{lat.get('p50')} | {lat.get('p90')} | {lat.get('p99')} |"
+                f"{lat.get('p50')} | {lat.get('p90')} | {lat.get('p99')} | "
+                f"{_ceiling_cell(row)} |"
             )
         lines += ["", " ".join(f"{k} = {v}" for k, v in ratios.items())]
     if cont.get("lone"):
@@ -888,7 +928,7 @@ def _interactive_loop(
             t0 = time.monotonic()
             producer.send(topic, key=req.rid.encode(), value=json.dumps(_envelope(req, i)).encode())
             producer.flush()
-            r.blpop([f"{run}:done:{req.rid}"], timeout=600)
+            r.blpop([_keys(run).done(req.rid)], timeout=600)
             out.append(time.monotonic() - t0)
             i += 1
             stop.wait(max(0.0, every_s - (time.monotonic() - t0)))
@@ -944,8 +984,8 @@ def _lanes_one_cap(
             ),
             daemon=True,
         )
-        while not r.exists(f"{run}:result:{reqs[0].rid}") and not r.hget(
-            f"{run}:job:{job}", "succeeded"
+        while not r.exists(_keys(run).result(reqs[0].rid)) and not r.hget(
+            _keys(run).job(job), "succeeded"
         ):
             time.sleep(0.05)
         if with_interactive:
@@ -954,7 +994,7 @@ def _lanes_one_cap(
         stop.set()
         if with_interactive:
             live.join(600)
-        results = [json.loads(x) for x in r.mget([f"{run}:result:{q.rid}" for q in reqs])]
+        results = [json.loads(x) for x in _mget(r, [_keys(run).result(q.rid) for q in reqs])]
         first = min(x["timings"]["dequeued"] for x in results)
         last = max(x["timings"]["finished"] for x in results)
         tokens = sum(x["response"]["usage"]["completion_tokens"] for x in results)

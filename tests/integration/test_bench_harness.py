@@ -22,16 +22,7 @@ from tests.integration.workers import Lane
 from tests.reliability.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        ON_CLUSTER,
-        reason="the GPU benchmark harness (tests/benchmarks/bench_gpu.py, ab_worker_echo.py) "
-        "is single-server: standalone key names, redis.Redis clients, replication-1 topics "
-        "(refused by the cluster's min.insync.replicas=2), and the A/B run checks out HEAD's "
-        "tree",
-    ),
-]
+pytestmark = pytest.mark.integration
 
 
 def bench(stack: Stack, out: Path, *args: str) -> str:
@@ -157,6 +148,11 @@ def test_external_measures_workers_started_by_workers_sh(stack: Stack, tmp_path:
     assert sum(doc["by_worker"].values()) == 200
 
 
+@pytest.mark.skipif(
+    ON_CLUSTER,
+    reason="the A/B run checks out HEAD's tree and runs bench_worker_echo, whose key names "
+    "and replication-1 topics are the single server's",
+)
 def test_ab_worker_echo_alternates_two_trees_and_reports_ratios(
     stack: Stack, tmp_path: Path
 ) -> None:
