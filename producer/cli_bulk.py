@@ -26,6 +26,7 @@ from producer.cli_common import (
     MaxPromptTokensOpt,
     MetadataOpt,
     Options,
+    PlacementOpt,
     PriorityOpt,
     ResultTtlOpt,
     ToolLoopOpt,
@@ -53,6 +54,7 @@ from producer.jobs import (
     scan_file,
     submit_job,
 )
+from producer.placement import PlacementMode
 from producer.usage import CLI_TENANT, UsageStore
 from schemas import ContractError
 from schemas.context import ContextStrategy
@@ -126,6 +128,7 @@ def _do_submit(
     job_ttl: int,
     dry_run: bool,
     lane: str,
+    placement: PlacementMode = PlacementMode.prefix,
 ) -> int:
     if not file.is_file():
         err.print(f"[red]error:[/] no such file: {file}")
@@ -185,6 +188,7 @@ def _do_submit(
             chunk=chunk,
             on_progress=bar,
             lane=lane,
+            placement=placement,
         )
     if o.json:
         emit_json({"submit": report.as_dict()})
@@ -228,6 +232,7 @@ def bulk_submit(
     job_ttl: JobTtlOpt = DEFAULT_JOB_TTL_S,
     chunk: ChunkOpt = DEFAULT_CHUNK,
     lane: BulkLaneOpt = BULK,
+    placement: PlacementOpt = PlacementMode.prefix,
 ) -> None:
     """Publish a file as job ID. Re-running resumes; a finished submission is a no-op.
 
@@ -240,17 +245,7 @@ def bulk_submit(
         priority, deadline, result_ttl, metadata, tool_loop, context_strategy, max_prompt_tokens
     )
     with guard(), client_for(o) as client:
-        code = _do_submit(
-            o,
-            client,
-            file,
-            job,
-            defaults,
-            chunk,
-            job_ttl,
-            dry_run,
-            lane,
-        )
+        code = _do_submit(o, client, file, job, defaults, chunk, job_ttl, dry_run, lane, placement)
     raise typer.Exit(code)
 
 
@@ -404,6 +399,7 @@ def bulk_run(
     job_ttl: JobTtlOpt = DEFAULT_JOB_TTL_S,
     chunk: ChunkOpt = DEFAULT_CHUNK,
     lane: BulkLaneOpt = BULK,
+    placement: PlacementOpt = PlacementMode.prefix,
 ) -> None:
     """Submit FILE and collect its results into --out (for cron). Re-running resumes.
 
@@ -431,15 +427,7 @@ def bulk_run(
         executor = embedded_executor(o, tools) if tools is not None else nullcontext()
         with executor:
             code = _do_submit(
-                o,
-                client,
-                file,
-                job,
-                defaults,
-                chunk,
-                job_ttl,
-                dry_run=False,
-                lane=lane,
+                o, client, file, job, defaults, chunk, job_ttl, False, lane, placement
             )
             if code not in (EXIT_OK, EXIT_NOT_ALL_SUCCEEDED):
                 raise typer.Exit(code)

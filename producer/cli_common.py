@@ -36,6 +36,7 @@ from rich.progress import (
 
 from producer.client import PublishError, QBatchClient
 from producer.jobs import JobError
+from producer.placement import PlacementMode
 from schemas import ConnectionSettings, ContractError, ResultEnvelope, Status
 from schemas.context import ContextStrategy
 from schemas.limits import DEFAULT_TOOL_TURNS
@@ -239,6 +240,16 @@ MaxPromptTokensOpt = Annotated[
         help="The window in prompt tokens (context.max_prompt_tokens; at most the model's "
         "context minus max_tokens).",
         min=1,
+    ),
+]
+PlacementOpt = Annotated[
+    PlacementMode,
+    typer.Option(
+        "--placement",
+        help="prefix: lines sharing a long prompt prefix (system prompt, tools, first "
+        "turns) go to one partition, published together, so one worker's prefix cache "
+        "serves the family (at most 64 lines in a row per partition); none: Kafka's key "
+        "partitioner, file order.",
     ),
 ]
 DEFAULTS_NOTE = " For a bulk job: the default for lines that do not set it."

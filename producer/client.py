@@ -31,6 +31,7 @@ import redis
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
+from producer.placement import PlacementMode, PrefixPlanner, arrange, family_key, placement_mode
 from schemas import (
     CHAT_ENDPOINT,
     COMPLETIONS_ENDPOINT,
@@ -242,17 +243,49 @@ class QBatchClient:
         except ValueError as exc:
             raise ContractError(str(exc), param="lane") from None
 
-    def send(self, envelope: RequestEnvelope, lane: str | None = None) -> Any:
+    def send(
+        self, envelope: RequestEnvelope, lane: str | None = None, partition: int | None = None
+    ) -> Any:
         """Publish a validated envelope without waiting: returns kafka-python's future.
 
         `lane`: the priority lane (`interactive`, the default, or `bulk`, ...: see
-        `ConnectionSettings.lanes`); bulk jobs publish to `bulk`.
+        `ConnectionSettings.lanes`); bulk jobs publish to `bulk`. `partition`: where
+        placement put it (None: Kafka's key partitioner); the key is the request_id always.
         """
+        extra = {} if partition is None else {"partition": partition}
         return self.producer.send(
             self.topic_for(lane, envelope.body.model),
             key=envelope.request_id.encode("utf-8"),
             value=encode_request(envelope),
+            **extra,
         )
+
+    def partition_count(self, topic: str) -> int | None:
+        """`topic`'s partition count from the producer's metadata; None when unknown."""
+        try:
+            found = self.producer.partitions_for(topic)
+        except KafkaError:
+            return None
+        return len(found) if found else None
+
+    def place(
+        self,
+        envelopes: Sequence[RequestEnvelope],
+        lane: str | None = None,
+        planner: PrefixPlanner | None = None,
+    ) -> list[tuple[RequestEnvelope, int | None]]:
+        """Prefix-aware placement (`producer.placement`): the envelopes in publication
+        order, each with its partition (None: Kafka's key partitioner). Lines sharing a
+        long prompt prefix go to one partition, together; pass one `planner` for all the
+        windows of a job so a big family keeps rotating over the partitions."""
+        order = arrange(
+            [env.request_id for env in envelopes],
+            [family_key(env.body) for env in envelopes],
+            [self.topic_for(lane, env.body.model) for env in envelopes],
+            self.partition_count,
+            planner or PrefixPlanner(),
+        )
+        return [(envelopes[index], partition) for index, partition in order]
 
     def flush(self, futures: Iterable[tuple[str, Any]] = (), timeout: float | None = None) -> None:
         """Flush the producer, then raise PublishError if any of `futures` failed."""
@@ -304,14 +337,19 @@ class QBatchClient:
         return env.request_id
 
     def submit_many(
-        self, requests: Iterable[Request | Mapping[str, Any]], lane: str | None = None
+        self,
+        requests: Iterable[Request | Mapping[str, Any]],
+        lane: str | None = None,
+        placement: str | PlacementMode = PlacementMode.none,
     ) -> list[str]:
         """Validate all, then publish all with one flush; returns the request_ids in order.
 
         Items are `Request`s or bare bodies, all on `lane` (default interactive). If any
         item is invalid, a ContractError is raised (its message prefixed with `[index]`)
-        and nothing is published.
+        and nothing is published. `placement="prefix"`: publish them in family order, a
+        family to one partition (`place`); the default keeps the given order.
         """
+        mode = placement_mode(placement)
         envelopes: list[RequestEnvelope] = []
         for index, item in enumerate(requests):
             req = item if isinstance(item, Request) else Request(item)
@@ -332,8 +370,12 @@ class QBatchClient:
                 raise ContractError(
                     f"[{index}] {exc.message}", code=exc.code, request_id=env.request_id
                 ) from None
-        futures = [(env.request_id, self.send(env, lane)) for env in envelopes]
-        self.flush(futures)
+        placed = (
+            self.place(envelopes, lane)
+            if mode is PlacementMode.prefix
+            else [(env, None) for env in envelopes]
+        )
+        self.flush([(env.request_id, self.send(env, lane, part)) for env, part in placed])
         return ids
 
     # ------------------------------------------------------------ results

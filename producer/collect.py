@@ -24,9 +24,11 @@ from producer.jobs import (
     JobStore,
     Progress,
     file_sha256,
+    planner_for,
     publish_chunk,
     scan_file,
 )
+from producer.placement import PlacementMode
 from schemas import JobStatus, ResultEnvelope, Status
 from schemas.keys import StreamField
 from schemas.settings import BULK
@@ -295,6 +297,7 @@ def retry_job(
     chunk: int = DEFAULT_CHUNK,
     on_progress: Progress | None = None,
     lane: str | None = BULK,
+    placement: str | PlacementMode = PlacementMode.prefix,
 ) -> RetryReport:
     """Resubmit the lines whose newest attempt failed or expired, as attempt k+1.
 
@@ -302,7 +305,9 @@ def retry_job(
     that are invalid in the input file are not retried (they would fail the same way).
     Counters: the retried lines' failed/expired counts are taken back when the retry
     starts, so the job completes again when every retried line has its new result.
+    `placement` as for `submit_job` (each chunk a placement window).
     """
+    planner = planner_for(placement)
     view = store.view(job_id)
     if view is None:
         raise JobError(f"no job {job_id!r}")
@@ -342,7 +347,7 @@ def retry_job(
         on_progress(0, len(todo))
     for start in range(0, len(todo), chunk):
         part = todo[start : start + chunk]
-        report.retried += publish_chunk(client, store, job_id, part, lane)
+        report.retried += publish_chunk(client, store, job_id, part, lane, planner)
         store.set_retry_line(job_id, part[-1].line)
         if on_progress:
             on_progress(start + len(part), len(todo))

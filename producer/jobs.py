@@ -31,6 +31,7 @@ from producer.batch_output import cancelled_result, invalid_result
 from producer.bulk import Defaults, InputFormat, Line, Scan, parse_line, scan_lines
 from producer.client import QBatchClient, now_utc
 from producer.job_view import JobView
+from producer.placement import PlacementMode, PrefixPlanner, placement_mode
 from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope
 from schemas.limits import DEFAULT_RESULT_TTL_S
 from schemas.redis_conn import mget
@@ -232,6 +233,11 @@ class SubmitReport:
     already_submitted: bool = False
     status: str = ""
     seconds: float = 0.0
+    placement: str = PlacementMode.none.value
+    families: int = 0
+    """Prompt-prefix families seen (placement prefix)."""
+    placed: int = 0
+    """Lines published to their family's partition (the others: Kafka's key partitioner)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -244,6 +250,9 @@ class SubmitReport:
             "already_submitted": self.already_submitted,
             "status": self.status,
             "seconds": round(self.seconds, 3),
+            "placement": self.placement,
+            "families": self.families,
+            "placed": self.placed,
             "lines_per_s": round(self.published / self.seconds, 1) if self.seconds else None,
         }
 
@@ -254,20 +263,38 @@ def publish_chunk(
     job_id: str,
     lines: Sequence[Line],
     lane: str | None = BULK,
+    planner: PrefixPlanner | None = None,
 ) -> int:
-    """Publish the chunk's valid lines, wait for every ack, write its invalid lines' results."""
+    """Publish the chunk's valid lines, wait for every ack, write its invalid lines' results.
+
+    With a `planner` (prefix-aware placement, `producer.placement`) the chunk is the
+    placement window: its lines are published grouped by family, a family to one
+    partition; without one, in file order to Kafka's key partitioner. Either way `submitted`
+    only moves once the whole chunk is acknowledged, so the order inside it is free.
+    """
     stamp = now_utc()
-    futures = []
-    for line in lines:
-        if line.envelope is not None:
-            env = line.envelope.model_copy(update={"submitted_at": stamp})
-            futures.append((line.request_id, client.send(env, lane)))
+    envelopes = [
+        line.envelope.model_copy(update={"submitted_at": stamp})
+        for line in lines
+        if line.envelope is not None
+    ]
+    placed = (
+        client.place(envelopes, lane, planner)
+        if planner is not None
+        else [(env, None) for env in envelopes]
+    )
+    futures = [(env.request_id, client.send(env, lane, part)) for env, part in placed]
     client.flush(futures)
     ms = now_ms()
     store.write_results(
         [(invalid_result(line, job_id, ms), _ttl(line)) for line in lines if not line.ok]
     )
     return len(futures)
+
+
+def planner_for(placement: str | PlacementMode) -> PrefixPlanner | None:
+    """A fresh planner for one job's run under `placement` (None for `none`)."""
+    return PrefixPlanner() if placement_mode(placement) is PlacementMode.prefix else None
 
 
 def _ttl(line: Line) -> int:
@@ -285,19 +312,22 @@ def submit_job(
     chunk: int = DEFAULT_CHUNK,
     on_progress: Progress | None = None,
     lane: str | None = BULK,
+    placement: str | PlacementMode = PlacementMode.prefix,
 ) -> SubmitReport:
     """Publish a scanned file (or any `LineSource`) as job `job_id`, resuming where an
     earlier run stopped.
 
-    Lines are published in file order, `chunk` at a time, to priority lane `lane` (bulk
-    by default, so a nightly job never queues ahead of interactive requests); after each
-    chunk is fully acknowledged (acks=all) `submitted` is advanced. A run killed
-    mid-chunk re-sends at most that chunk; the worker's written-once rule makes the
-    re-sent lines harmless.
+    Lines are published `chunk` at a time, to priority lane `lane` (bulk by default, so a
+    nightly job never queues ahead of interactive requests); after each chunk is fully
+    acknowledged (acks=all) `submitted` is advanced. A run killed mid-chunk re-sends at
+    most that chunk; the worker's written-once rule makes the re-sent lines harmless.
+    `placement`: `prefix` (default) groups each chunk's lines by prompt-prefix family, a
+    family to one partition (`producer.placement`); `none` publishes in file order.
     """
+    planner = planner_for(placement)
     started = time.monotonic()
     total = scan.total
-    report = SubmitReport(job_id, total, invalid=scan.invalid)
+    report = SubmitReport(job_id, total, invalid=scan.invalid, placement=placement_mode(placement))
     kind, status, submitted = store.begin(job_id, total, input_path, sha)
     report.resumed_from = submitted if kind == "exists" else 0
     if kind == "exists" and status not in (JobStatus.submitting, JobStatus.cancelling):
@@ -317,7 +347,7 @@ def submit_job(
             break
         end = min(position + chunk, total)
         part = list(itertools.islice(source, end - position))
-        report.published += publish_chunk(client, store, job_id, part, lane)
+        report.published += publish_chunk(client, store, job_id, part, lane, planner)
         store.set_submitted(job_id, end)
         position = end
         if on_progress:
@@ -341,6 +371,8 @@ def submit_job(
             on_progress(total, total)
     report.status = store.mark_submitted(job_id, total)
     report.seconds = time.monotonic() - started
+    if planner is not None:
+        report.families, report.placed = planner.families, planner.placed
     return report
 
 
@@ -353,6 +385,7 @@ __all__ = [
     "LineSource",
     "SubmitReport",
     "file_sha256",
+    "planner_for",
     "publish_chunk",
     "scan_file",
     "submit_job",

@@ -145,6 +145,14 @@ class WorkerSettings(ConnectionSettings):
         description="echo engine: answers at a time, the rest wait in priority order "
         "(like vLLM's max_num_seqs); 0 = unlimited.",
     )
+    echo_prefix_cache_tokens: int = Field(
+        0,
+        ge=0,
+        description="echo engine: simulate a prefix cache of this many tokens (16-token "
+        "blocks, 4 characters a token, LRU) over the whole conversation; report its hits as "
+        "cached_tokens and in qbatch_engine_prefix_cache_* (prompt_tokens then count the "
+        "conversation the same way); 0 = off.",
+    )
     dead_letter: bool = Field(True, description="Send bad records to the DLQ topic.")
 
     # --- reply sinks

@@ -126,6 +126,18 @@ KV_CACHE_USAGE = Gauge(
     "Fraction of the engine's KV cache in use.",
     registry=REGISTRY,
 )
+PREFIX_CACHE_QUERIES = Counter(
+    "qbatch_engine_prefix_cache_queries_tokens",
+    "Prompt tokens looked up in the engine's prefix cache (requests whose engine reports "
+    "cached tokens: vLLM, the echo engine's simulated cache).",
+    registry=REGISTRY,
+)
+PREFIX_CACHE_HITS = Counter(
+    "qbatch_engine_prefix_cache_hits_tokens",
+    "Prompt tokens served from the engine's prefix cache (vLLM's num_cached_tokens); "
+    "hit rate = rate(hits) / rate(queries).",
+    registry=REGISTRY,
+)
 ENGINE_RUNNING = Gauge(
     "qbatch_engine_running_requests",
     "Requests the engine is generating for now.",

@@ -134,6 +134,9 @@ class RenderedPrompt:
     cache_salt: str | None = None
     context: ContextReport | None = None
     """What the request's context policy did (None: it set none)."""
+    conversation: ChatCompletionBody | None = None
+    """Without a tokenizer (echo), the chat body (`text` is only the echoed part), for the
+    echo engine's simulated prefix cache; a reference, so it costs nothing unused."""
 
     def engine_request(self, key: str, priority: int = 0) -> EngineRequest:
         return EngineRequest(
@@ -143,6 +146,7 @@ class RenderedPrompt:
             sampling=self.sampling,
             priority=priority,
             cache_salt=self.cache_salt,
+            conversation=self.conversation,
         )
 
 
@@ -232,6 +236,9 @@ class PromptRenderer:
             think_end_id=self._think_end_id if reasoning else None,
             cache_salt=body.cache_salt,
             context=report,
+            conversation=(
+                body if self.tokenizer is None and isinstance(body, ChatCompletionBody) else None
+            ),
         )
 
     # ------------------------------------------------------------------ internals

@@ -84,6 +84,12 @@ def echo_text(body: ChatCompletionBody) -> str:
     return _last_user_text(body)
 
 
+def conversation_text(body: ChatCompletionBody) -> str:
+    """A chat's messages as one text in order (role, then content), for an engine with no
+    chat template that still needs the whole prompt (the echo's simulated prefix cache)."""
+    return "\n".join(f"{m.role}: {content_text(m.content)}" for m in body.messages)
+
+
 def _last_user_text(body: ChatCompletionBody) -> str:
     for message in reversed(body.messages):
         if isinstance(message, UserMessage):

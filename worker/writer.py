@@ -130,6 +130,9 @@ class Writer:
         if output.finish != "error":
             metrics.PROMPT_TOKENS.inc(output.prompt_tokens)
             metrics.COMPLETION_TOKENS.inc(output.total_completion_tokens)
+            if output.cached_tokens is not None:  # an engine with a prefix cache
+                metrics.PREFIX_CACHE_QUERIES.inc(output.prompt_tokens)
+                metrics.PREFIX_CACHE_HITS.inc(output.cached_tokens)
         reply = Reply(
             inbound.tp,
             inbound.offset,

@@ -66,6 +66,9 @@ class EngineRequest:
     sampling: SamplingSpec
     priority: int = 0
     cache_salt: str | None = None
+    conversation: Any = None
+    """The chat body where `prompt` is only part of it (echo renders the last user
+    message): what the echo's simulated prefix cache keys on. None: `prompt` is all."""
 
 
 @dataclass(frozen=True, slots=True)

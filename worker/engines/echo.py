@@ -9,6 +9,12 @@ It can also be slowed to a GPU-like shape: `--echo-delay-ms` per answer, at most
 `--echo-concurrency` requests at a time (like vLLM's `max_num_seqs`), the rest waiting
 in priority order (lower first, then arrival, like vLLM's priority scheduling; not
 preemptive). The priority-lane tests and benchmarks use that shape.
+
+With `--echo-prefix-cache-tokens N` it also reports `cached_tokens` from a simulated
+prefix cache of N tokens (`worker.engines.prefix_cache`), keyed on the whole conversation,
+so the CPU shows what prefix-aware placement does to the hit rate. Its `prompt_tokens`
+are then the simulator's too (the whole conversation at 4 characters a token, not the
+echoed part's words), so cached and prompt tokens are in one unit.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from worker.engines.base import (
     OnDone,
     TokenLogprob,
 )
+from worker.engines.prefix_cache import SimulatedPrefixCache
+from worker.template_messages import conversation_text
 
 if TYPE_CHECKING:
     from worker.config import WorkerSettings
@@ -79,8 +87,12 @@ class EchoEngine(Engine):
         max_model_len: int = 32_768,
         delay_ms: float = 0.0,
         concurrency: int = 0,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         self._served_name = served_name
+        self.prefix_cache = (
+            SimulatedPrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
+        )
         self._max_model_len = max_model_len
         self._delay_s = delay_ms / 1000.0
         self._concurrency = concurrency
@@ -98,6 +110,7 @@ class EchoEngine(Engine):
             max_model_len=settings.max_model_len or 32_768,
             delay_ms=settings.echo_delay_ms,
             concurrency=settings.echo_concurrency,
+            prefix_cache_tokens=settings.echo_prefix_cache_tokens,
         )
 
     @property
@@ -109,14 +122,26 @@ class EchoEngine(Engine):
             self._thread = threading.Thread(target=self._run, name="echo-delay", daemon=True)
             self._thread.start()
 
+    def _output(self, request: EngineRequest) -> EngineOutput:
+        output = echo_output(request)
+        if self.prefix_cache is not None:
+            chat = request.conversation
+            text = request.prompt if chat is None else conversation_text(chat)
+            # The simulator's unit (4 characters a token, the whole conversation) for both,
+            # so cached <= prompt tokens and hits/queries is the simulated hit rate.
+            output.cached_tokens, output.prompt_tokens = self.prefix_cache.lookup(
+                text, request.cache_salt
+            )
+        return output
+
     def submit(self, batch: Sequence[EngineRequest], on_done: OnDone) -> None:
         if self._immediate:
             for request in batch:
-                on_done(echo_output(request))
+                on_done(self._output(request))
             return
         with self._cond:
             for request in batch:
-                item = (request.priority, next(self._seq), echo_output(request), on_done)
+                item = (request.priority, next(self._seq), self._output(request), on_done)
                 heapq.heappush(self._waiting, item)
             self._cond.notify()
 
