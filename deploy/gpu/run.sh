@@ -7,7 +7,8 @@
 # 1. install the vLLM kit (.gpu/install-vllm.sh, or the copy inside the stack tars) unless
 #    SITE already has vllm; no bundle-*.tar staged and no vllm: a warning, the command may
 #    not need it;
-# 2. install the stack kit (deploy/gpu/install-stack.sh; a no-op when already installed);
+# 2. install the stack kit (deploy/gpu/install-stack.sh; a no-op when already installed),
+#    and the run-batch kit when .gpu/runbatch.tar came with the call (install-runbatch.sh);
 # 3. export PYTHONPATH=SITE:<repo> VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1
 #    VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1, start the stack (stack-gpu.sh up: Kafka,
 #    valkey, topics; its QBATCH_* exports);
@@ -88,6 +89,16 @@ bash "$SCRIPT_DIR/install-stack.sh" "$STAGE" >"$LOGS/install-stack.log" 2>&1 \
     tail -n 30 "$LOGS/install-stack.log" >&2
     fail "stack kit install failed (all of stack-01..NN copied into $STAGE?)"
   }
+
+# -- 2b. the run-batch kit (deploy/gpu/stage-runbatch.sh), when its tar came with the call
+if [[ -f "$REPO_ROOT/.gpu/runbatch.tar" || -f "$STAGE/runbatch.tar" ]]; then
+  log "installing the run-batch kit; log: $LOGS/install-runbatch.log"
+  SITE="$SITE" bash "$SCRIPT_DIR/install-runbatch.sh" >"$LOGS/install-runbatch.log" 2>&1 \
+    || { # not fatal: the qbatch side of a benchmark still runs; run-batch will not
+      tail -n 30 "$LOGS/install-runbatch.log" >&2
+      log "WARNING: the run-batch kit did not install (or run_batch does not import)"
+    }
+fi
 
 # -- 3. environment and stack
 export PYTHONPATH="$SITE:$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"

@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "tests" / "fixtures" / "qwen3-14b"
@@ -1093,15 +1093,32 @@ def main() -> None:
         phase_continuous(args.out, args.n, args.sweep, args.lone, dry, args.warmup)
     else:
         phase_knob(args.out, args.knob, dry)
-    # Results are on disk. vLLM's engine teardown at interpreter exit can hang for
-    # minutes (seen with the LLM class): do not spend device time waiting for it, but do
-    # not leave the engine-core process holding the GPU for the next phase either.
+    exit_now()
+
+
+def exit_now() -> NoReturn:
+    """End a phase whose results are on disk. vLLM's engine teardown at interpreter exit
+    can hang for minutes (seen with the LLM class): do not spend device time waiting for
+    it, but do not leave the engine-core process holding the GPU for the next phase."""
     for child in multiprocessing.active_children():
         child.kill()
         child.join(10)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def cli_env(run: str) -> dict[str, str]:
+    """The environment of a `qbatch` CLI subprocess aimed at the workers of topic
+    `bench.<run>` (bulk lane `bench.<run>.bulk`, key prefix `<run>`), this repo first."""
+    env = dict(os.environ)
+    env.update(
+        QBATCH_TOPIC=f"bench.{run}",
+        QBATCH_BULK_TOPIC=f"bench.{run}.bulk",
+        QBATCH_PREFIX=run,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+    )
+    return env
 
 
 if __name__ == "__main__":

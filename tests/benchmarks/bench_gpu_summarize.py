@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -83,13 +82,7 @@ def _tokenizer_dir(out: Path) -> Path:
 
 def _summarize(out: Path, name: str, run: str, args: argparse.Namespace) -> dict[str, Any]:
     """`qbatch bulk summarize` on `{name}.jsonl` as a subprocess; wall time and totals."""
-    env = dict(os.environ)
-    env.update(
-        QBATCH_TOPIC=f"bench.{run}",
-        QBATCH_BULK_TOPIC=f"bench.{run}.bulk",
-        QBATCH_PREFIX=run,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
-    )
+    env = g.cli_env(run)
     result = out / f"{name}.out.jsonl"
     cmd = [sys.executable, "-m", "producer.cli", "--quiet", "bulk", "summarize",
            str(out / f"{name}.jsonl"), "--out", str(result), "--work-dir", str(out / f"work-{name}"),

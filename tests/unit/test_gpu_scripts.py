@@ -17,7 +17,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "deploy" / "gpu"
-SCRIPTS = ["stage.sh", "install-stack.sh", "stack-gpu.sh", "run.sh"]
+SCRIPTS = [
+    "stage.sh",
+    "install-stack.sh",
+    "stack-gpu.sh",
+    "run.sh",
+    "stage-runbatch.sh",
+    "install-runbatch.sh",
+]
 REQ = GPU / "requirements-gpu.txt"
 README = GPU / "README.md"
 
@@ -152,3 +159,24 @@ def test_scripts_agree_on_layout() -> None:
 def test_stage_dir_is_git_ignored() -> None:
     lines = (ROOT / ".gitignore").read_text().splitlines()
     assert "/.gpu/" in lines or ".gpu/" in lines
+
+
+def test_runbatch_kit_is_pinned_offline_and_wired_into_run_sh() -> None:
+    """stage-runbatch.sh pins every wheel and downloads binaries only, for CPython 3.12;
+    install-runbatch.sh installs without an index into SITE; run.sh calls it when the tar
+    travels with the call."""
+    stage = (GPU / "stage-runbatch.sh").read_text()
+    pins = re.findall(r"^  ([A-Za-z0-9._-]+)==([0-9][A-Za-z0-9.]*)$", stage, re.M)
+    assert {_norm(n) for n, _ in pins} == {
+        "uvicorn", "watchfiles", "model-hosting-container-standards", "jmespath",
+        "compressed-tensors", "loguru", "blake3",
+    }  # fmt: skip
+    assert not {_norm(n) for n, _ in pins} & VLLM_KIT
+    assert not {_norm(n) for n, _ in pins} & set(_pins())  # nothing the stack kit brings
+    for flag in ("--no-deps", "--only-binary=:all:", "--python-version 3.12"):
+        assert flag in stage, flag
+    install = (GPU / "install-runbatch.sh").read_text()
+    assert "merge_wheels_into_site" in install and "SITE=${SITE:-/tmp/site}" in install
+    assert "--no-index" in (GPU / "site-lib.sh").read_text()
+    assert "qbatch-runbatch" in stage and "qbatch-runbatch" in install
+    assert "install-runbatch.sh" in (GPU / "run.sh").read_text()
