@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.keys import RedisKeys
-from schemas.redis_conn import is_cluster_url
+from schemas.redis_conn import address_remap, is_cluster_url
 from schemas.routes import RouteTable
 
 INTERACTIVE = "interactive"
@@ -47,7 +47,9 @@ class ConnectionSettings(BaseSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         description="Redis URL; rediss:// for TLS; redis+cluster://host:port[,host:port...] "
-        "(or rediss+cluster://) for a Redis Cluster, whose keys then carry hash tags.",
+        "(or rediss+cluster://) for a Redis Cluster, whose keys then carry hash tags; "
+        "redis+sentinel://host:port[,host:port...]/<service>[/<db>] (or rediss+sentinel://) "
+        "for the master that Redis Sentinel names.",
     )
     topic: str = Field(
         "qbatch.requests", description="The requests topic (the `interactive` lane)."
@@ -96,6 +98,18 @@ class ConnectionSettings(BaseSettings):
     """CA bundle for `rediss://` URLs; the password goes in the URL or `redis_password`."""
     redis_password: SecretStr | None = None
     redis_username: str | None = None
+    redis_address_map: dict[str, str] = Field(
+        default_factory=dict,
+        description='Where to reach Redis nodes, as JSON {"host:port": "host:port"}: an '
+        "address a cluster node announces (or the URL names) -> the one this process "
+        "connects to, for nodes behind NAT, a port-forward or a proxy; unset: as announced.",
+    )
+
+    @field_validator("redis_address_map")
+    @classmethod
+    def _address_map_entries(cls, value: dict[str, str]) -> dict[str, str]:
+        address_remap(value)  # raises on an entry that is not host:port
+        return value
 
     @property
     def keys(self) -> RedisKeys:
@@ -154,6 +168,8 @@ class ConnectionSettings(BaseSettings):
             kwargs["password"] = self.redis_password.get_secret_value()
         if self.redis_username:
             kwargs["username"] = self.redis_username
+        if self.redis_address_map:
+            kwargs["address_map"] = dict(self.redis_address_map)
         if self.redis_ssl_ca_certs:
             kwargs["ssl_ca_certs"] = self.redis_ssl_ca_certs
         return kwargs

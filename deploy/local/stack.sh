@@ -29,6 +29,13 @@
 #   deploy/local/stack.sh kill-redis PORT | start-redis PORT   the same for one cluster Redis node
 #   deploy/local/stack.sh logs --cluster   tail the cluster's logs
 #
+# Redis Sentinel mode (deploy/local/sentinel.sh), next to the others:
+#   deploy/local/stack.sh up --redis-sentinel [--brokers 3]   a master + two replicas on
+#                 127.0.0.1:16479-16481 and three sentinels on 26479-26481 (service `qbatch`);
+#                 QBATCH_REDIS_URL=redis+sentinel://...; written to .cache/run/sentinel-env.sh
+#   deploy/local/stack.sh kill-redis PORT | start-redis PORT   also for 16479-16481
+#   deploy/local/stack.sh status --sentinel | down --sentinel [--wipe]   that set only
+#
 # `up --sasl` (or QBATCH_KAFKA_SASL=1) serves Kafka on a SASL_PLAINTEXT listener
 # (mechanism PLAIN) instead of PLAINTEXT, and prints the QBATCH_KAFKA_SECURITY_PROTOCOL /
 # _SASL_MECHANISM / _SASL_USERNAME / _SASL_PASSWORD exports the clients read.
@@ -100,7 +107,9 @@ CLUSTER_ENV="$RUN_DIR/cluster-env.sh"
 CLUSTER_REDIS_URL="redis+cluster://$(for ((i = 0; i < CR_NODES; i++)); do printf '%s%s:%s' "${i:+,}" "$HOST" "$((CR_PORT + i))"; done | sed 's/^,//')/0"
 WANT_BROKERS=1  # up/env --brokers N (1 or 3)
 WANT_RCLUSTER=0 # up/env --redis-cluster
+WANT_RSENTINEL=0 # up/env --redis-sentinel
 CLUSTER_ONLY=0  # status/down/logs --cluster
+SENTINEL_ONLY=0 # status/down --sentinel
 TARGET=""       # kill-broker N, start-redis PORT, ...
 
 QUIET=0
@@ -115,6 +124,8 @@ die() {
 # pid_alive, read_pid, port_open, our_pid
 # shellcheck source=deploy/local/proc.sh
 source "$SCRIPT_DIR/proc.sh"
+# shellcheck source=deploy/local/sentinel.sh
+source "$SCRIPT_DIR/sentinel.sh"
 
 # pid of our Kafka if running (pid file + command line check), else empty
 kafka_pid() { our_pid "$K_PID" "kafka.Kafka $K_DIR/server.properties"; }
@@ -838,16 +849,17 @@ cluster_status() {
 }
 
 cmd_up_cluster() {
-  local t0=$SECONDS n p kb="$BOOTSTRAP" ru="$REDIS_URL"
+  local t0=$SECONDS n p kb="$BOOTSTRAP" ru="$REDIS_URL" env_file="$CLUSTER_ENV"
+  local other_redis=$((WANT_RCLUSTER || WANT_RSENTINEL))
   ensure_tools
   cluster_lock
-  if ((WANT_BROKERS == 1 || WANT_RCLUSTER == 0)); then
+  if ((WANT_BROKERS == 1 || other_redis == 0)); then
     # the single-node half the exports point at (its own lock, released right after)
     lock
     mkdir -p "$K_DIR/logs" "$R_DIR"
-    ((WANT_RCLUSTER)) || start_redis
+    ((other_redis)) || start_redis
     ((WANT_BROKERS > 1)) || start_kafka
-    ((WANT_RCLUSTER)) || wait_redis
+    ((other_redis)) || wait_redis
     if ((WANT_BROKERS == 1)); then
       wait_kafka
       ensure_topics || die "topic creation failed"
@@ -868,12 +880,17 @@ cmd_up_cluster() {
     ensure_redis_cluster
     ru="$CLUSTER_REDIS_URL"
   fi
+  if ((WANT_RSENTINEL)); then
+    sentinel_up
+    ru="$SENTINEL_REDIS_URL"
+    env_file="$SENTINEL_ENV"
+  fi
   if ((WANT_BROKERS > 1)); then
     wait_cluster_kafka
     ensure_topics "$CLUSTER_BOOTSTRAP" "$CLUSTER_BROKERS" || die "cluster topic creation failed"
   fi
-  (umask 077 && print_env "$kb" "$ru" >"$CLUSTER_ENV" && chmod 600 "$CLUSTER_ENV")
-  log "cluster up in $((SECONDS - t0))s; settings in $CLUSTER_ENV"
+  (umask 077 && print_env "$kb" "$ru" >"$env_file" && chmod 600 "$env_file")
+  log "$( ((WANT_RSENTINEL)) && echo "sentinel set" || echo cluster) up in $((SECONDS - t0))s; settings in $env_file"
   print_env "$kb" "$ru"
 }
 
@@ -881,6 +898,7 @@ cmd_env_cluster() {
   local kb="$BOOTSTRAP" ru="$REDIS_URL"
   ((WANT_BROKERS == 1)) || kb="$CLUSTER_BOOTSTRAP"
   ((WANT_RCLUSTER == 0)) || ru="$CLUSTER_REDIS_URL"
+  ((WANT_RSENTINEL == 0)) || ru="$SENTINEL_REDIS_URL"
   print_env "$kb" "$ru"
 }
 
@@ -966,6 +984,10 @@ cmd_status() {
     cluster_status
     return
   fi
+  if ((SENTINEL_ONLY)); then
+    sentinel_status
+    return
+  fi
   kp="$(kafka_pid)"
   rp="$(redis_pid)"
   if [[ -n "$kp" ]]; then
@@ -994,6 +1016,7 @@ cmd_status() {
   # the cluster modes' processes, when set up (shown only: the exit status is the
   # single-node stack's; `status --cluster` for the cluster's)
   if [[ -d "$C_DIR" ]]; then cluster_status || true; fi
+  if [[ -d "$S_DIR" ]]; then sentinel_status || true; fi
   return $ok
 }
 
@@ -1003,6 +1026,12 @@ cmd_down() {
   # the cluster modes' processes first (plain `down` stops everything; `down --cluster`
   # stops only them and leaves the single-node stack running)
   cluster_lock
+  if ((SENTINEL_ONLY)); then
+    sentinel_down "$wipe"
+    log "sentinel set down"
+    return 0
+  fi
+  ((CLUSTER_ONLY)) || sentinel_down "$wipe"
   cluster_down "$wipe"
   if ((CLUSTER_ONLY)); then
     log "cluster down"
@@ -1031,12 +1060,13 @@ usage() {
 # such as `up --brokers 5` must not silently start the default stack)
 allowed_flags() {
   case "$1" in
-    up) echo "--quiet -q --sasl --brokers N --redis-cluster" ;;
-    env) echo "--quiet -q --sasl --brokers N --redis-cluster" ;;
-    down) echo "--quiet -q --wipe --cluster" ;;
-    status | logs) echo "--quiet -q --cluster" ;;
+    up) echo "--quiet -q --sasl --brokers N --redis-cluster --redis-sentinel" ;;
+    env) echo "--quiet -q --sasl --brokers N --redis-cluster --redis-sentinel" ;;
+    down) echo "--quiet -q --wipe --cluster --sentinel" ;;
+    status) echo "--quiet -q --cluster --sentinel" ;;
+    logs) echo "--quiet -q --cluster" ;;
     kill-broker | stop-broker | start-broker) echo "N (1-$CLUSTER_BROKERS) --quiet -q" ;;
-    kill-redis | start-redis) echo "PORT ($CR_PORT-$((CR_PORT + CR_NODES - 1))) --quiet -q" ;;
+    kill-redis | start-redis) echo "PORT ($CR_PORT-$((CR_PORT + CR_NODES - 1)), $SN_PORT-$((SN_PORT + SN_NODES - 1))) --quiet -q" ;;
     *) echo "--quiet -q" ;;
   esac
 }
@@ -1067,8 +1097,10 @@ main() {
         WANT_BROKERS="$n"
         ;;
       up:--redis-cluster | env:--redis-cluster) WANT_RCLUSTER=1 ;;
+      up:--redis-sentinel | env:--redis-sentinel) WANT_RSENTINEL=1 ;;
       down:--wipe) args+=("$a") ;;
       down:--cluster | status:--cluster | logs:--cluster) CLUSTER_ONLY=1 ;;
+      down:--sentinel | status:--sentinel) SENTINEL_ONLY=1 ;;
       kill-broker:* | stop-broker:* | start-broker:* | kill-redis:* | start-redis:*)
         [[ -z "$TARGET" && "$a" =~ ^[0-9]+$ ]] || refuse "$cmd" "$a"
         TARGET="$a"
@@ -1080,6 +1112,10 @@ main() {
     echo "stack: ERROR: the $CLUSTER_BROKERS-broker cluster has no SASL mode (drop --sasl / QBATCH_KAFKA_SASL)" >&2
     exit 2
   fi
+  if ((WANT_RCLUSTER && WANT_RSENTINEL)); then
+    echo "stack: ERROR: --redis-cluster and --redis-sentinel each give QBATCH_REDIS_URL: pick one" >&2
+    exit 2
+  fi
   case "$cmd" in
     kill-broker | stop-broker | start-broker | kill-redis | start-redis)
       [[ -n "$TARGET" ]] || refuse "$cmd" "(nothing)"
@@ -1087,19 +1123,27 @@ main() {
   esac
   case "$cmd" in
     up)
-      if ((WANT_BROKERS > 1 || WANT_RCLUSTER)); then cmd_up_cluster; else cmd_up; fi
+      if ((WANT_BROKERS > 1 || WANT_RCLUSTER || WANT_RSENTINEL)); then cmd_up_cluster; else cmd_up; fi
       ;;
     status) cmd_status ;;
     down) cmd_down "${args[@]}" ;;
     reset) cmd_down --wipe ;;
     env)
-      if ((WANT_BROKERS > 1 || WANT_RCLUSTER)); then cmd_env_cluster; else print_env; fi
+      if ((WANT_BROKERS > 1 || WANT_RCLUSTER || WANT_RSENTINEL)); then cmd_env_cluster; else print_env; fi
       ;;
     kill-broker) cmd_kill_broker "$TARGET" KILL ;;
     stop-broker) cmd_kill_broker "$TARGET" TERM ;;
     start-broker) cmd_start_broker "$TARGET" ;;
-    kill-redis) cmd_kill_redis "$TARGET" ;;
-    start-redis) cmd_start_redis "$TARGET" ;;
+    kill-redis) if is_sn_port "$TARGET"; then cmd_kill_sn "$TARGET"; else cmd_kill_redis "$TARGET"; fi ;;
+    start-redis)
+      if is_sn_port "$TARGET"; then
+        ensure_tools
+        cluster_lock
+        cmd_start_sn "$TARGET"
+      else
+        cmd_start_redis "$TARGET"
+      fi
+      ;;
     fetch)
       ensure_tools
       lock

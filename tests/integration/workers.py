@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,9 @@ class Lane:
     redis_url: str = REDIS_URL
     bulk_topic: str = ""
     tool_calls_topic: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """More environment for the processes this lane starts (workers, the CLI), e.g.
+    `QBATCH_REDIS_ADDRESS_MAP`; not used by `client()` or `clean_redis()`."""
 
     def __post_init__(self) -> None:
         if not self.bulk_topic:
@@ -112,6 +115,7 @@ class Lane:
             QBATCH_TOOLS_GROUP=f"{self.group}-tools",
             PYTHONPATH=str(REPO),
         )
+        env.update(self.extra_env)
         return env
 
     def client(self, **extra: Any) -> QBatchClient:

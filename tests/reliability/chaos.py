@@ -8,8 +8,8 @@ is a bug, not an impossible ask:
 * one Kafka broker down at a time (replication 3, `min.insync.replicas` 2: a second one
   down would stop every `acks=all` write by design), and a broker comes back before the
   next one goes;
-* one Redis master down at a time, and the next Redis fault waits for the failover and the
-  node's return;
+* one Redis fault at a time (a master down, stalled or slow), and the next one waits for
+  the failover and the node's return;
 * at least one worker always runs (a paused worker counts as down);
 * every kind appears at least once when the run is long enough (the CI run covers them
   all), in an order the seed shuffles.
@@ -32,11 +32,19 @@ class FaultKind(StrEnum):
     topic's partition 0 at that moment (the first broker fault of a run always is)."""
     redis_master_kill = "redis_master_kill"
     """kill -9 a Redis Cluster master: its replica takes over; restart it (a replica now)."""
+    redis_stall = "redis_stall"
+    """Every command to one Redis master stalls for `hold_s` (CLIENT PAUSE): the server
+    itself holds every client's commands, unexecuted, until the pause ends."""
     redis_slow = "redis_slow"
-    """Every command to one Redis master stalls for `hold_s` (CLIENT PAUSE)."""
+    """The workers' (and the CLI's) link to one Redis master, or to every node (target
+    `ALL_NODES`), gains `delay_s` each way for `hold_s` (the delaying TCP proxy they reach
+    Redis through): each command executes at once but its reply comes late."""
 
 
 WORKER_KINDS = (FaultKind.worker_kill, FaultKind.worker_stop)
+REDIS_KINDS = (FaultKind.redis_master_kill, FaultKind.redis_stall, FaultKind.redis_slow)
+ALL_NODES = -1
+"""A `redis_slow` target: every node's proxy."""
 
 
 @dataclass(frozen=True)
@@ -46,15 +54,18 @@ class Fault:
     target: int
     """Worker index, broker node (1-based; 0: the requests topic's partition-0 leader,
     resolved at run time) or Redis master index (0-based, resolved to a node at run time:
-    masters move after a failover)."""
+    masters move after a failover; `ALL_NODES` for a `redis_slow` on every node)."""
     hold_s: float
+    delay_s: float = 0.0
+    """`redis_slow`: seconds added each way."""
 
     @property
     def end_s(self) -> float:
         return self.at_s + self.hold_s
 
     def describe(self) -> str:
-        return f"t={self.at_s:.1f}s {self.kind} target={self.target} hold={self.hold_s:.1f}s"
+        text = f"t={self.at_s:.1f}s {self.kind} target={self.target} hold={self.hold_s:.1f}s"
+        return text + (f" delay={self.delay_s:.2f}s" if self.delay_s else "")
 
 
 @dataclass(frozen=True)
@@ -66,7 +77,13 @@ class Limits:
     worker_kill_hold: tuple[float, float] = (2.0, 6.0)
     broker_hold: tuple[float, float] = (4.0, 10.0)
     redis_kill_hold: tuple[float, float] = (8.0, 12.0)
-    redis_slow_hold: tuple[float, float] = (1.0, 3.0)
+    redis_stall_hold: tuple[float, float] = (1.0, 3.0)
+    redis_slow_hold: tuple[float, float] = (4.0, 10.0)
+    redis_slow_delay: tuple[float, float] = (0.2, 0.8)
+    """Seconds added each way: a round trip costs 0.4-1.6 s more, under the workers'
+    5 s socket timeout (a slow Redis, not a dead one)."""
+    redis_slow_all: float = 0.3
+    """The share of `redis_slow` faults on every node rather than one master."""
     redis_settle_s: float = 12.0
     broker_settle_s: float = 8.0
     gap: tuple[float, float] = (3.0, 8.0)
@@ -93,13 +110,12 @@ def schedule(
     while t < duration_s:
         kind = kinds.pop(0) if kinds else rng.choice(list(FaultKind))
         leader_killed = any(f.kind is FaultKind.broker_kill for f in faults)
-        fault = _draw(rng, kind, t, lim, workers, brokers, redis_masters, leader_killed)
-        if kind in (FaultKind.broker_kill,):
-            fault = _later(fault, broker_free)
-        if kind in (FaultKind.redis_master_kill, FaultKind.redis_slow):
-            fault = _later(fault, redis_free)
-        if kind in WORKER_KINDS:
-            fault = _free_worker(fault, faults, workers)
+        drawn = _draw(rng, kind, t, lim, workers, brokers, redis_masters, leader_killed)
+        if kind is FaultKind.broker_kill:
+            drawn = _later(drawn, broker_free)
+        if kind in REDIS_KINDS:
+            drawn = _later(drawn, redis_free)
+        fault = _free_worker(drawn, faults, workers) if kind in WORKER_KINDS else drawn
         if fault is None:  # every other worker is down now: try again a little later
             t += rng.uniform(*lim.gap)
             continue
@@ -110,7 +126,7 @@ def schedule(
         faults.append(fault)
         if kind is FaultKind.broker_kill:
             broker_free = fault.end_s + lim.broker_settle_s
-        if kind in (FaultKind.redis_master_kill, FaultKind.redis_slow):
+        if kind in REDIS_KINDS:
             settle = lim.redis_settle_s if kind is FaultKind.redis_master_kill else 1.0
             redis_free = fault.end_s + settle
         t = fault.at_s + rng.uniform(*lim.gap)
@@ -137,13 +153,17 @@ def _draw(
         return Fault(t, kind, target, rng.uniform(*lim.broker_hold))
     if kind is FaultKind.redis_master_kill:
         return Fault(t, kind, rng.randrange(masters), rng.uniform(*lim.redis_kill_hold))
-    return Fault(t, kind, rng.randrange(masters), rng.uniform(*lim.redis_slow_hold))
+    if kind is FaultKind.redis_stall:
+        return Fault(t, kind, rng.randrange(masters), rng.uniform(*lim.redis_stall_hold))
+    target = ALL_NODES if rng.random() < lim.redis_slow_all else rng.randrange(masters)
+    hold = rng.uniform(*lim.redis_slow_hold)
+    return Fault(t, kind, target, hold, round(rng.uniform(*lim.redis_slow_delay), 3))
 
 
 def _later(fault: Fault, free_at: float) -> Fault:
     if fault.at_s >= free_at:
         return fault
-    return Fault(free_at, fault.kind, fault.target, fault.hold_s)
+    return Fault(free_at, fault.kind, fault.target, fault.hold_s, fault.delay_s)
 
 
 def _free_worker(fault: Fault, earlier: list[Fault], workers: int) -> Fault | None:
@@ -158,7 +178,7 @@ def _free_worker(fault: Fault, earlier: list[Fault], workers: int) -> Fault | No
     if fault.target not in busy:
         return fault
     target = min(set(range(workers)) - busy)
-    return Fault(fault.at_s, fault.kind, target, fault.hold_s)
+    return Fault(fault.at_s, fault.kind, target, fault.hold_s, fault.delay_s)
 
 
 def _settle(fault: Fault, lim: Limits) -> float:
@@ -169,4 +189,4 @@ def _settle(fault: Fault, lim: Limits) -> float:
     return 2.0
 
 
-__all__ = ["Fault", "FaultKind", "Limits", "schedule"]
+__all__ = ["ALL_NODES", "REDIS_KINDS", "WORKER_KINDS", "Fault", "FaultKind", "Limits", "schedule"]

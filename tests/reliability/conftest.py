@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -327,14 +327,8 @@ def log_events(path: Path, event: str) -> list[dict[str, Any]]:
 
 @dataclass
 class EnvLane(Lane):
-    """A Lane with extra environment for the worker (security settings, ...)."""
-
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-    def env(self) -> dict[str, str]:
-        env = super().env()
-        env.update(self.extra_env)
-        return env
+    """A Lane with extra environment for the worker (security settings, ...: `Lane.extra_env`)
+    and topics of replication 1 that have leaders before it returns."""
 
     def create_topics(self, partitions: int = 8) -> None:
         """Create the topics and wait until every partition has a leader.

@@ -8,6 +8,12 @@ that fail validation but name a request_id (a `failed` result and a dead letter)
 that are not JSON at all (a dead letter only), and two bulk jobs through the CLI, one of
 them cancelled while it is being published.
 
+The workers and the CLI reach every Redis node through a delaying TCP proxy the test
+owns (tests/reliability/tcp_proxy.py; `QBATCH_REDIS_ADDRESS_MAP` maps each node's
+announced address to its proxy's), so a `redis_slow` fault can add latency to their link
+to one master or to every node. The harness's own observers connect directly: what they
+measure is not slowed by the fault they measure.
+
 While it runs, an observer polls every expected result (the first value seen of each is
 hashed, to prove later that none was overwritten) and samples the group's committed
 offsets: every record below a committed offset must have its result at that moment.
@@ -43,7 +49,8 @@ from schemas import RedisKeys
 from schemas.redis_conn import connect, mget
 from tests.integration.cluster_stack import ClusterStack
 from tests.integration.workers import Lane, qbatch, qbatch_popen, start_worker, stop_worker
-from tests.reliability.chaos import Fault, FaultKind, schedule
+from tests.reliability.chaos import ALL_NODES, Fault, FaultKind, schedule
+from tests.reliability.tcp_proxy import DelayProxy, address_map, proxies_for
 
 TOOLS = [
     {
@@ -123,6 +130,8 @@ class Soak:
         """Workers that exited on their own (a bug): restarted, as a supervisor would."""
         self.applied: list[list[Any]] = []
         """[fault, start_s, end_s] (end -1 until undone), seconds since the start."""
+        self.proxies: dict[int, DelayProxy] = {}
+        """The delaying proxy in front of each Redis node, by the node's port."""
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.t0 = 0.0
@@ -130,7 +139,7 @@ class Soak:
     # ------------------------------------------------------------ processes
 
     def start_worker(self, i: int) -> None:
-        self.workers[i] = start_worker(
+        proc = start_worker(
             self.lane,
             "--session-timeout-ms",
             str(self.cfg.session_timeout_ms),
@@ -138,7 +147,8 @@ class Soak:
             f"soak-w{i}",
             log=self.tmp / f"worker-{i}.log",
         )
-        self.started.append(self.workers[i])
+        self.workers[i] = proc
+        self.started.append(proc)
 
     # ------------------------------------------------------------ traffic
 
@@ -228,7 +238,8 @@ class Soak:
             src = self.tmp / f"{job}.jsonl"
             with src.open("w") as fh:
                 for i in range(lines):
-                    line = {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions"}
+                    line: dict[str, Any] = {"custom_id": f"c{i}", "method": "POST"}
+                    line["url"] = "/v1/chat/completions"
                     line["body"] = {"messages": [{"role": "user", "content": f"{job} {i}"}]}
                     fh.write(json.dumps(line) + "\n")
             allowed = frozenset({"succeeded"})
@@ -423,15 +434,28 @@ class Soak:
             self.cluster.kill_broker(node)
             self.leaders_killed += fault.target == 0
             return lambda: self.cluster.start_broker(node)
+        if fault.kind is FaultKind.redis_slow:
+            if fault.target == ALL_NODES:
+                slowed = list(self.proxies.values())
+            else:
+                slowed = [self.proxies[self._master_port(fault.target)]]
+            for proxy in slowed:
+                proxy.set_delay(fault.delay_s)
+
+            def fast() -> None:
+                for proxy in slowed:
+                    proxy.set_delay(0)
+
+            return fast
         port = self._master_port(fault.target)
         if fault.kind is FaultKind.redis_master_kill:
             self.cluster.kill_redis(port)
             return lambda: self.cluster.start_redis(port)
-        import redis
+        import redis  # redis_stall: the server holds every client's commands (also ours)
 
-        node = redis.Redis(port=port)
-        node.execute_command("CLIENT", "PAUSE", int(fault.hold_s * 1000), "ALL")
-        node.close()
+        paused = redis.Redis(port=port)
+        paused.execute_command("CLIENT", "PAUSE", int(fault.hold_s * 1000), "ALL")
+        paused.close()
         return lambda: None
 
     def _leader_node(self) -> int:
@@ -461,9 +485,15 @@ class Soak:
 
     def run(self) -> dict[str, Any]:
         self.lane.create_topics(self.cfg.partitions, replication=3)
-        for i in range(self.cfg.workers):
-            self.start_worker(i)
-        time.sleep(3)
+        self.proxies = proxies_for(self.cluster.redis_nodes)
+        self.lane.extra_env["QBATCH_REDIS_ADDRESS_MAP"] = json.dumps(address_map(self.proxies))
+        try:
+            for i in range(self.cfg.workers):
+                self.start_worker(i)
+            time.sleep(3)
+        except BaseException:
+            self._restore()
+            raise
         self.t0 = time.monotonic()
         errors: list[BaseException] = []
 
@@ -509,6 +539,8 @@ class Soak:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, 18)
                 stop_worker(proc)
+        for proxy in self.proxies.values():
+            proxy.close()
         for node in range(1, 4):
             if self.cluster.broker_pid(node) is None:
                 self.cluster.start_broker(node)
@@ -589,6 +621,11 @@ class Soak:
             "requests_resent": self.resent,
             "faults_not_applied": self.skipped_faults,
             "unexpected_exits": self.unexpected_exits,
+            "redis_proxies": {
+                "connections": sum(p.accepted for p in self.proxies.values()),
+                "bytes_to_redis": sum(p.bytes["to_server"] for p in self.proxies.values()),
+                "bytes_from_redis": sum(p.bytes["to_client"] for p in self.proxies.values()),
+            },
             "commit_samples": self.obs.commit_samples,
             "commit_violations": len(self.obs.commit_violations),
             "recovery_s": recovery,

@@ -51,9 +51,12 @@ def test_chaos_soak_ci(cluster_stack: Any, tmp_path: Path) -> None:
         "worker_stop",
         "broker_kill",
         "redis_master_kill",
+        "redis_stall",
         "redis_slow",
     }
     assert report["commit_samples"] > 0 and report["commit_violations"] == 0
+    # the workers' Redis traffic went through the proxies (so redis_slow slowed them)
+    assert report["redis_proxies"]["bytes_to_redis"] > 0
 
 
 @pytest.mark.slow

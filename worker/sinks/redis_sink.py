@@ -12,6 +12,10 @@ On a Redis Cluster (a `redis+cluster://` URL) the keys carry hash tags and a res
 written in two idempotent steps (its own keys, then its job's counters: see
 `ResultWriter`); the admission then also asks whether a result found is counted in its
 job yet, and runs the request again when it is not, so the second step happens.
+
+Behind Redis Sentinel (a `redis+sentinel://` URL) Redis is one server, written as above;
+its failover reaches the sink as connection errors (`MasterNotFoundError`, a demoted
+master's READONLY turned into one), an outage like any other.
 """
 
 from __future__ import annotations
@@ -53,7 +57,10 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
     redis.exceptions.TryAgainError,
     redis.exceptions.RedisClusterException,  # SlotNotCoveredError, "cannot be connected"
 )
-_TRANSIENT_REPLIES = ("TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "LOADING", "NOPERM")
+_TRANSIENT_REPLIES = ("TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "LOADING", "NOPERM", "NOREPLICAS")
+"""NOREPLICAS: a master with `min-replicas-to-write` refuses writes while its replicas
+are gone (a sentinel setup that trades availability for fewer writes lost in a failover):
+an outage until a replica is back, never a refusal of the result."""
 _ACL_IN_SCRIPT = "can't run this command"
 """A command inside a script refused by the ACL (plain ERR, not NOPERM): a permission
 problem of the whole deployment, waited out like NOPERM until an operator fixes it."""

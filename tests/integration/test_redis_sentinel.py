@@ -1,0 +1,239 @@
+"""qbatch behind Redis Sentinel (`stack.sh up --redis-sentinel`: a master and two
+replicas on 127.0.0.1:16479-16481 with `min-replicas-to-write 2`, three sentinels on
+26479-26481, down-after 1 s): the worker and the client reach the master through a
+`redis+sentinel://` URL, and through a master killed mid-stream and a `SENTINEL FAILOVER`
+under load every request still gets exactly one result.
+
+The module fixture starts the set itself (idempotent), so a clean clone runs this file.
+Each test leaves the set whole (a killed node comes back as the new master's replica);
+which port is the master is not fixed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from schemas import RedisKeys
+from schemas.redis_conn import FailoverRedis, connect, mget, parse_sentinel_url
+from tests.integration.cluster_stack import parse_exports, run_stack
+from tests.integration.workers import Lane, echo_worker, qbatch
+
+pytestmark = pytest.mark.integration
+
+SLOW = ("--echo-delay-ms", "50", "--echo-concurrency", "4")  # ~80 answers a second
+
+
+@pytest.fixture(scope="module")
+def sentinel_url() -> Iterator[str]:
+    env = parse_exports(run_stack("up", "--redis-sentinel", timeout=300).stdout)
+    url = env.get("QBATCH_REDIS_URL", "")
+    assert url.startswith("redis+sentinel://"), env
+    yield url
+    run_stack("status", "--sentinel", timeout=60)  # left whole: master, replicas, sentinels
+
+
+def master_port(url: str) -> int | None:
+    """The master's port as the sentinels name it now (None while they name none)."""
+    target = parse_sentinel_url(url)
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs={"socket_timeout": 2})
+    try:
+        return int(sentinel.discover_master(target.service)[1])
+    except redis.ConnectionError:  # MasterNotFoundError: the master is down, not yet replaced
+        return None
+    finally:
+        for node in sentinel.sentinels:
+            node.close()
+
+
+def wait_for(what: str, check: Any, timeout: float) -> float:
+    """Seconds until `check()` is true; raises TimeoutError after `timeout`."""
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{what}: not within {timeout}s")
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def log_events(path: Path) -> list[str]:
+    """The `event` of every JSON line of a worker's log, in order."""
+    events = []
+    for line in path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line).get("event") if line.startswith("{") else None
+            if event:
+                events.append(str(event))
+    return events
+
+
+def assert_paused_and_resumed(log: Path) -> None:
+    events = log_events(log)
+    assert "redis_unavailable" in events, "the worker never saw the failover"
+    assert "redis_recovered" in events[events.index("redis_unavailable") :], events
+
+
+def counters(client: Any, keys: RedisKeys, job: str) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in client.hgetall(keys.job(job)).items()}
+
+
+def bodies(tag: str, n: int) -> list[dict[str, Any]]:
+    return [{"messages": [{"role": "user", "content": f"{tag}{i}"}]} for i in range(n)]
+
+
+def test_worker_and_client_through_the_sentinels(
+    sentinel_url: str, stack: Any, tmp_path: Path
+) -> None:
+    client = connect(sentinel_url)
+    assert isinstance(client, FailoverRedis)
+    pool = client.connection_pool
+    assert isinstance(pool, SentinelConnectionPool)
+    assert pool.get_master_address()[1] == master_port(sentinel_url)
+    lane = Lane.on(stack.kafka_bootstrap, sentinel_url, "qbrs")
+    lane.create_topics(2)
+    try:
+        with echo_worker(lane, log=tmp_path / "worker.log"), lane.client() as qb:
+            ids = qb.submit_many(bodies("s", 30))
+            got = qb.wait_many(ids, timeout=60)
+            assert all(r is not None and r.ok for r in got.values()), got
+        # the standalone layout, no hash tags
+        assert RedisKeys(lane.prefix).result(ids[0]) == f"{lane.prefix}:result:{ids[0]}"
+        assert client.get(f"{lane.prefix}:result:{ids[0]}") is not None
+    finally:
+        lane.clean_redis()
+        lane.delete_topics()
+        client.close()
+
+
+def test_a_master_killed_mid_stream_is_failed_over_without_loss(
+    sentinel_url: str, stack: Any, tmp_path: Path
+) -> None:
+    """kill -9 of the master while a bulk job and interactive requests are answered: the
+    sentinels promote a replica within seconds, the worker pauses (`redis_unavailable`)
+    and resumes (`redis_recovered`), a producer-side command issued during the failover
+    waits it out, and every request has exactly one result, the job's counters exact."""
+    lane = Lane.on(stack.kafka_bootstrap, sentinel_url, "qbrs")
+    lane.create_topics(4)
+    keys = RedisKeys(lane.prefix)
+    lines = 300
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    with src.open("w") as fh:
+        for i, body in enumerate(bodies("b", lines)):
+            line = {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions"}
+            fh.write(json.dumps({**line, "body": body}) + "\n")
+    client = connect(sentinel_url)
+    log = tmp_path / "worker.log"
+    old = master_port(sentinel_url)
+    done: dict[str, Any] = {}
+
+    def run_bulk() -> None:
+        done["bulk"] = qbatch(
+            lane, "-q", "bulk", "run", str(src), "--out", str(out), "--job", "sj",
+            "--timeout", "120", timeout=180,
+        )  # fmt: skip
+
+    def probe() -> None:
+        t0 = time.monotonic()
+        client.set(f"{lane.prefix}:probe", "1")  # waits out the failover
+        done["probe_s"] = time.monotonic() - t0
+
+    try:
+        with echo_worker(lane, *SLOW, log=log), lane.client() as qb:
+            runner = threading.Thread(target=run_bulk)
+            runner.start()
+            interactive = bodies("n", 100)
+            ids = qb.submit_many(interactive[:50])
+            wait_for(
+                "40 results of the job",
+                lambda: int(client.hget(keys.job("sj"), "succeeded") or 0) >= 40,
+                timeout=60,
+            )
+            before = int(client.hget(keys.job("sj"), "succeeded") or 0)
+            run_stack("kill-redis", str(old), timeout=60)
+            prober = threading.Thread(target=probe)
+            prober.start()
+            ids += qb.submit_many(interactive[50:])  # published while Redis fails over
+            wait_for("a new master", lambda: master_port(sentinel_url) not in (None, old), 60)
+            new = master_port(sentinel_url)
+            # back as the new master's replica: with min-replicas-to-write 2 the new
+            # master takes writes once it has both replicas again
+            run_stack("start-redis", str(old), timeout=60)
+            got = qb.wait_many(ids, timeout=120)
+            runner.join(timeout=180)
+            prober.join(timeout=90)
+        assert before < lines, "the job was done before the kill: nothing was tested"
+        missing = [rid for rid, r in got.items() if r is None]
+        assert not missing, f"{len(missing)} requests without a result: {missing[:5]}"
+        assert all(r is not None and r.ok for r in got.values())
+        proc = done["bulk"]
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        assert [x["custom_id"] for x in rows] == [f"c{i}" for i in range(lines)]
+        assert all(x["error"] is None for x in rows)
+        h = counters(client, keys, "sj")
+        assert (h["status"], h["total"], h["succeeded"]) == ("completed", "300", "300"), h
+        assert "failed" not in h or h["failed"] == "0", h
+        assert client.xlen(keys.job_stream("sj")) == lines  # each counted exactly once
+        assert_paused_and_resumed(log)
+        assert done.get("probe_s", 0) > 0.5, f"the probe did not wait: {done}"
+        print(f"kill {old} -> {new} at {before}/{lines}: the probe waited {done['probe_s']:.1f}s")
+    finally:
+        # restarts a node still down (as the master's replica) and waits until the set is ok
+        run_stack("up", "--redis-sentinel", timeout=300)
+        lane.clean_redis()
+        lane.delete_topics()
+        client.close()
+
+
+def test_a_sentinel_failover_under_load_loses_no_result(
+    sentinel_url: str, stack: Any, tmp_path: Path
+) -> None:
+    """`SENTINEL FAILOVER` while the worker writes: the old master stays a master for
+    seconds after its replica is promoted. Without `min-replicas-to-write` the worker's
+    writes there were acknowledged and then dropped; with it the old master answers
+    NOREPLICAS, the worker pauses and finds the new master, and no result is lost."""
+    lane = Lane.on(stack.kafka_bootstrap, sentinel_url, "qbrs")
+    lane.create_topics(4)
+    client = connect(sentinel_url)
+    log = tmp_path / "worker.log"
+    old = master_port(sentinel_url)
+    target = parse_sentinel_url(sentinel_url)
+    host, port = target.sentinels[0]
+    try:
+        with echo_worker(lane, *SLOW, log=log), lane.client() as qb:
+            ids = qb.submit_many(bodies("g", 400))
+            wait_for(
+                "40 results",
+                lambda: sum(r is not None for r in qb.get_many(ids).values()) >= 40,
+                timeout=60,
+            )
+            with redis.Redis(host=host, port=port, socket_timeout=5) as sentinel:
+                assert sentinel.execute_command("SENTINEL", "FAILOVER", target.service)
+            wait_for("a new master", lambda: master_port(sentinel_url) not in (None, old), 60)
+            got = qb.wait_many(ids, timeout=120)
+        assert all(r is not None and r.ok for r in got.values())
+        # A client still connected to the old master reads what it took: look again once
+        # the sentinels made it the new master's replica, through a fresh connection.
+        run_stack("up", "--redis-sentinel", timeout=300)
+        fresh = connect(sentinel_url)
+        try:
+            stored = mget(fresh, [RedisKeys(lane.prefix).result(rid) for rid in ids])
+        finally:
+            fresh.close()
+        lost = [rid for rid, raw in zip(ids, stored, strict=True) if raw is None]
+        assert not lost, f"{len(lost)} of {len(ids)} results lost in the failover: {lost[:5]}"
+        assert_paused_and_resumed(log)
+    finally:
+        run_stack("up", "--redis-sentinel", timeout=300)
+        lane.clean_redis()
+        lane.delete_topics()
+        client.close()

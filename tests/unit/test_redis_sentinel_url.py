@@ -1,0 +1,209 @@
+"""`redis+sentinel://` URLs (schemas.redis_conn): what they name, the client they open
+(built without a socket: redis-py asks the sentinels only on the first command), and
+how a failover's errors are taken (waited out by producer-side clients, an outage for
+the worker's sink, never a refusal of a result)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from redis.sentinel import MasterNotFoundError, SentinelConnectionPool
+
+from schemas.redis_conn import (
+    DEFAULT_SENTINEL_PORT,
+    DEFAULT_SENTINEL_WAIT_S,
+    FailoverRedis,
+    SentinelNoReplicas,
+    _waiting,
+    connect,
+    is_cluster_url,
+    is_sentinel_url,
+    parse_sentinel_url,
+)
+from schemas.settings import ConnectionSettings
+from worker.sinks.base import SinkRefused, SinkUnavailable
+from worker.sinks.redis_sink import call
+
+URL = "redis+sentinel://127.0.0.1:26479,127.0.0.1:26480,[::1]:26481/qbatch"
+
+
+def test_the_url_names_the_sentinels_and_the_service() -> None:
+    target = parse_sentinel_url(URL)
+    assert target.sentinels == (("127.0.0.1", 26479), ("127.0.0.1", 26480), ("::1", 26481))
+    assert target.service == "qbatch"
+    assert target.master_kwargs == {"db": 0}
+    assert target.sentinel_kwargs == {}
+    assert is_sentinel_url(URL) and not is_cluster_url(URL)
+    assert not is_sentinel_url("redis://127.0.0.1:6379/0")
+
+
+def test_database_credentials_and_options() -> None:
+    target = parse_sentinel_url(
+        "redis+sentinel://app:s%40cret@s1,s2:5000/my-master/3"
+        "?socket_timeout=2.5&sentinel_password=sp&sentinel_username=su&client_name=qb"
+    )
+    assert target.sentinels == (("s1", DEFAULT_SENTINEL_PORT), ("s2", 5000))
+    assert target.service == "my-master"
+    assert target.master_kwargs == {
+        "db": 3,
+        "username": "app",
+        "password": "s@cret",
+        "socket_timeout": 2.5,
+        "client_name": "qb",
+    }
+    # the master's credentials are not the sentinels'; theirs come from the query
+    assert target.sentinel_kwargs == {"username": "su", "password": "sp"}
+
+
+def test_tls_reaches_the_master_and_the_sentinels() -> None:
+    target = parse_sentinel_url("rediss+sentinel://s1:26379/svc?ssl_cert_reqs=none")
+    assert target.master_kwargs["ssl"] is True
+    assert target.master_kwargs["ssl_cert_reqs"] == "none"
+    assert target.sentinel_kwargs == {"ssl": True, "ssl_cert_reqs": "none"}
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("redis+sentinel:///svc", "at least one sentinel"),
+        ("redis+sentinel://s1:26379", "path is /<service>"),
+        ("redis+sentinel://s1:26379/", "path is /<service>"),
+        ("redis+sentinel://s1:26379/svc/0/extra", "path is /<service>"),
+        ("redis+sentinel://s1:26379/svc/zero", "database must be a number"),
+        ("redis+sentinel://s1:port/svc", "not a host:port address"),
+        ("redis://s1:6379/0", "not a redis\\+sentinel"),
+    ],
+)
+def test_malformed_urls_are_refused(url: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        parse_sentinel_url(url)
+
+
+def test_connect_builds_the_masters_client_with_the_callers_kwargs() -> None:
+    client = connect(
+        "redis+sentinel://:pw@127.0.0.1:26479,127.0.0.1:26480/qbatch/2",
+        failover_wait_s=0,
+        socket_timeout=5,
+        socket_connect_timeout=5,
+        health_check_interval=15,
+        password="from-settings",  # the URL's wins, as with redis.Redis.from_url
+        decode_responses=True,
+    )
+    try:
+        assert isinstance(client, FailoverRedis)
+        assert client.failover_wait_s == 0
+        pool = client.connection_pool
+        assert isinstance(pool, SentinelConnectionPool)
+        assert pool.service_name == "qbatch" and pool.is_master
+        kw = pool.connection_kwargs
+        assert (kw["db"], kw["password"], kw["socket_timeout"]) == (2, "pw", 5)
+        assert (kw["health_check_interval"], kw["decode_responses"]) == (15, True)
+        nodes = pool.sentinel_manager.sentinels
+        sentinel_kws = [n.connection_pool.connection_kwargs for n in nodes]
+        assert [(kw["host"], kw["port"]) for kw in sentinel_kws] == [
+            ("127.0.0.1", 26479),
+            ("127.0.0.1", 26480),
+        ]
+        sentinel_kw = sentinel_kws[0]
+        assert (sentinel_kw["socket_timeout"], sentinel_kw["socket_connect_timeout"]) == (5, 5)
+        assert sentinel_kw.get("password") is None  # the master's password stays its own
+    finally:
+        client.close()
+    assert connect(URL).failover_wait_s == DEFAULT_SENTINEL_WAIT_S
+
+
+def test_a_sentinel_url_keeps_the_standalone_key_layout() -> None:
+    settings = ConnectionSettings(redis_url=URL)
+    assert settings.keys.cluster is False
+    assert settings.keys.result("r.1") == "qbatch:result:r.1"
+
+
+class Flaky:
+    """`failover_wait_s` and a command that fails `failures` times."""
+
+    def __init__(self, failures: int, exc: Exception, wait_s: float = 10.0) -> None:
+        self.failover_wait_s = wait_s
+        self.failures = failures
+        self.exc = exc
+        self.calls = 0
+
+    def run(self) -> str:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.exc
+        return "OK"
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        MasterNotFoundError("No master found for 'qbatch'"),
+        redis.ConnectionError("The previous master is now a slave"),
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.TimeoutError("Timeout reading from socket"),
+    ],
+)
+def test_a_producer_side_client_waits_out_the_failover(exc: Exception) -> None:
+    flaky = Flaky(2, exc)
+    assert _waiting(flaky, flaky.run) == "OK" and flaky.calls == 3
+    worker_side = Flaky(1, exc, wait_s=0)  # the sink's client: no waiting, it pauses
+    with pytest.raises(type(exc)):
+        _waiting(worker_side, worker_side.run)
+
+
+def test_a_refusal_is_not_waited_for() -> None:
+    flaky = Flaky(1, redis.ResponseError("WRONGTYPE Operation against a key"))
+    with pytest.raises(redis.ResponseError):
+        _waiting(flaky, flaky.run)
+    assert flaky.calls == 1
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        MasterNotFoundError("No master found for 'qbatch'"),
+        redis.ConnectionError("The previous master is now a slave"),
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.ResponseError("NOREPLICAS Not enough good replicas to write."),
+    ],
+)
+def test_a_sentinel_failover_is_an_outage_for_the_sink(exc: Exception) -> None:
+    def fail() -> Any:
+        raise exc
+
+    with pytest.raises(SinkUnavailable):
+        call(fail)
+
+
+def test_a_wrong_type_behind_the_sentinels_is_still_a_refusal() -> None:
+    def fail() -> Any:
+        raise redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind")
+
+    with pytest.raises(SinkRefused):
+        call(fail)
+
+
+def test_noreplicas_sends_the_client_back_to_the_sentinels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old master of a failover answers NOREPLICAS (min-replicas-to-write) while the
+    sentinels already name another: the client drops its idle connections, so the next
+    try asks them again, and raises a ConnectionError (an outage for the sink)."""
+    client = connect(URL, failover_wait_s=0)
+    dropped: list[bool] = []
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise redis.ResponseError("NOREPLICAS Not enough good replicas to write.")
+
+    monkeypatch.setattr(redis.Redis, "execute_command", refuse)
+    monkeypatch.setattr(
+        client.connection_pool,
+        "disconnect",
+        lambda inuse_connections=True: dropped.append(inuse_connections),
+    )
+    with pytest.raises(SentinelNoReplicas) as caught:
+        client.set("k", "v")
+    assert isinstance(caught.value, redis.ConnectionError)
+    assert dropped == [False]  # idle ones only: other threads' commands finish
+    with pytest.raises(SinkUnavailable):
+        call(lambda: client.set("k", "v"))
