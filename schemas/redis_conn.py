@@ -25,6 +25,7 @@ redis-py's cluster pipeline refuses `EVALSHA` but routes a plain `EVAL` by its f
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -298,11 +299,16 @@ def _mapped(url: str, kwargs: dict[str, Any]) -> str:
     return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{','.join(mapped)}"))
 
 
+_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.%]+\]|[0-9A-Fa-f:.%]*:[0-9A-Fa-f:.%]*")
+"""A host name, an IPv4 address or an IPv6 one (bracketed or bare): nothing that could
+change a URL's user info, path, query or list of seeds when pasted into it."""
+
+
 def _address(text: str, default_port: int | None = None) -> tuple[str, int]:
     host, sep, port = text.strip().rpartition(":")
     if default_port is not None and (not sep or "]" in port or host.endswith(":")):
-        return text.strip().strip("[]"), default_port  # no port (or a bare IPv6 address)
-    if not host or not port.isdigit():
+        host, port = text.strip(), str(default_port)  # no port (or a bare IPv6 address)
+    if not host or not port.isdigit() or not _HOST.fullmatch(host):
         raise ValueError(f"not a host:port address: {text!r}")
     return host.strip("[]"), int(port)
 

@@ -4,7 +4,8 @@ echo worker (its simulated prefix cache on), read back record by record from Kaf
 With `--placement prefix` (the default) every family below the cap lands on its home
 partition as one contiguous block in file order, the record key stays the request_id,
 every line gets its result and the worker counts prefix-cache hits; with `--placement
-none` records go where Kafka's key partitioner puts them, as before.
+none` records go where Kafka's key partitioner puts them, as before, and the simulated
+cache (room for about one family's prefix) hits far less (measured: 0.91 vs 0.41).
 """
 
 from __future__ import annotations
@@ -118,8 +119,10 @@ def run_job(lane: Lane, src: Path, out: Path, job: str, *extra: str) -> dict[str
 def test_families_land_together_on_their_partition(lane: Lane, tmp_path: Path) -> None:
     family_of = write_input(tmp_path / "in.jsonl")
     port = free_port()
+    # A simulated cache of ~1.4 family prefixes (each ~1,400 tokens): family order keeps
+    # hitting it, interleaved families evict each other.
     worker = start_worker(
-        lane, "--echo-prefix-cache-tokens", "50000", log=tmp_path / "w.log", metrics_port=port
+        lane, "--echo-prefix-cache-tokens", "2000", log=tmp_path / "w.log", metrics_port=port
     )
     try:
         report = run_job(lane, tmp_path / "in.jsonl", tmp_path / "out.jsonl", "fam")
@@ -132,8 +135,12 @@ def test_families_land_together_on_their_partition(lane: Lane, tmp_path: Path) -
             lane, tmp_path / "in.jsonl", tmp_path / "out2.jsonl", "plain", "--placement", "none"
         )
         assert (plain["placement"], plain["placed"]) == ("none", 0)
+        hits2 = scrape(port, "qbatch_engine_prefix_cache_hits_tokens_total") - hits
+        queries2 = scrape(port, "qbatch_engine_prefix_cache_queries_tokens_total") - queries
     finally:
         stop_worker(worker)
+    with_placement, without = hits / queries, hits2 / queries2
+    assert with_placement > without + 0.3, (with_placement, without)
 
     # prefix: one partition per family, its home; the family contiguous and in file order
     records = topic_records(lane, "fam")

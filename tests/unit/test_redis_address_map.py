@@ -33,7 +33,18 @@ def test_remap_takes_ipv6_and_hostnames() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"10.0.0.1": "127.0.0.1:1"}, {"10.0.0.1:1": "127.0.0.1"}, {"h:x": "h:1"}, {":1": "h:1"}]
+    "bad",
+    [
+        {"10.0.0.1": "127.0.0.1:1"},
+        {"10.0.0.1:1": "127.0.0.1"},
+        {"h:x": "h:1"},
+        {":1": "h:1"},
+        # hosts that would rewrite the URL they are pasted into: path/query, user info,
+        # another seed
+        {"10.0.0.1:1": "h/5?db=3:6379"},
+        {"10.0.0.1:1": "user:pw@h:6379"},
+        {"10.0.0.1:1": "a,b:6379"},
+    ],
 )
 def test_remap_refuses_an_entry_that_is_not_host_port(bad: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="host:port"):

@@ -24,7 +24,7 @@ from schemas.redis_conn import (
 )
 from schemas.settings import ConnectionSettings
 from worker.sinks.base import SinkRefused, SinkUnavailable
-from worker.sinks.redis_sink import call
+from worker.sinks.redis_sink import _redacted, call
 
 URL = "redis+sentinel://127.0.0.1:26479,127.0.0.1:26480,[::1]:26481/qbatch"
 
@@ -207,3 +207,23 @@ def test_noreplicas_sends_the_client_back_to_the_sentinels(monkeypatch: pytest.M
     assert dropped == [False]  # idle ones only: other threads' commands finish
     with pytest.raises(SinkUnavailable):
         call(lambda: client.set("k", "v"))
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "redis+sentinel://:pw@s1:26379,s2:26379/qbatch?sentinel_password=spw",
+            "redis+sentinel://:***@s1:26379,s2:26379/qbatch?sentinel_password=***",
+        ),
+        (
+            "redis+sentinel://app:pw@s1/qbatch/2?socket_timeout=5&Password=x",
+            "redis+sentinel://app:***@s1/qbatch/2?socket_timeout=5&Password=***",
+        ),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ],
+)
+def test_logs_never_show_a_password_of_the_url(url: str, shown: str) -> None:
+    """The sink's `where` (in every redis_unavailable line a failover logs) hides the
+    master's password and the sentinels' own, given in the query."""
+    assert _redacted(url) == shown

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 
@@ -89,14 +89,24 @@ def call(fn: Callable[[], T]) -> T:
         raise SinkUnavailable(f"Redis: {type(exc).__name__}: {exc}") from exc
 
 
+_SECRET_PARAMS = ("password", "sentinel_password")
+"""Query parameters that carry a password (`redis+sentinel://...?sentinel_password=`)."""
+
+
 def _redacted(url: str) -> str:
-    """The URL without its password."""
+    """The URL without its passwords (user info and query), for logs."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        parts = parts._replace(netloc=user + netloc)
+    if parts.query:
+        query = [
+            (k, "***" if k.lower() in _SECRET_PARAMS else v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+        parts = parts._replace(query=urlencode(query, safe="*"))
+    return urlunsplit(parts)
 
 
 class RedisSink(ReplySink):
