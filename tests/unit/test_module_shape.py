@@ -77,3 +77,14 @@ def test_service_only_wires() -> None:
         (n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
     } | {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not imported & {"kafka", "redis"}
+
+
+def test_test_files_have_unique_names() -> None:
+    """Test modules in folders without `__init__.py` are imported by their bare name, so two
+    `test_x.py` in different folders stop the whole collection ('import file mismatch')
+    when run together, as CI does, though each passes on its own."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        if not (path.parent / "__init__.py").exists():
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}

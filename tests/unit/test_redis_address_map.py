@@ -2,7 +2,7 @@
 how it rewrites a URL's hosts, what it hands redis-py for a cluster, and the setting
 read from the environment. No sockets: a standalone client connects lazily, and the
 cluster's keyword arguments are checked before any client is built. A cluster reached
-through proxies is tests/integration/test_redis_address_map.py."""
+through proxies is tests/integration/test_cluster_through_proxies.py."""
 
 from __future__ import annotations
 
