@@ -192,11 +192,32 @@ class FailoverRedis(redis.Redis):
     sentinels for the master again (`SentinelNoReplicas`)."""
 
     failover_wait_s: float = DEFAULT_SENTINEL_WAIT_S
+    _scripts: dict[str, str]
+
+    def register_script(self, script: Any) -> Any:
+        """redis-py's Script, its body remembered by SHA for `execute_command`."""
+        registered = super().register_script(script)
+        if not hasattr(self, "_scripts"):
+            self._scripts = {}
+        body = registered.script
+        self._scripts[registered.sha] = body.decode() if isinstance(body, bytes) else str(body)
+        return registered
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         def once() -> Any:
             try:
                 return super(FailoverRedis, self).execute_command(*args, **kwargs)
+            except redis.exceptions.NoScriptError:
+                # A promoted replica has an empty script cache (SCRIPT LOAD is not
+                # replicated). redis-py's Script reloads once, but mid-failover its
+                # SCRIPT LOAD and the EVALSHA after it can reach two different masters
+                # (CI saw 'No matching script' fail `bulk run`): load the body here, on
+                # whatever master this attempt reached, and let the loop try again.
+                body = self._script_of(args)
+                if body is None:
+                    raise
+                super(FailoverRedis, self).execute_command("SCRIPT", "LOAD", body)
+                raise SentinelNoReplicas("NOSCRIPT after a failover: script loaded") from None
             except redis.ResponseError as exc:
                 if not str(exc).startswith("NOREPLICAS"):
                     raise
@@ -204,6 +225,12 @@ class FailoverRedis(redis.Redis):
                 raise SentinelNoReplicas(str(exc)) from exc
 
         return _waiting(self, once)
+
+    def _script_of(self, args: tuple[Any, ...]) -> str | None:
+        if len(args) < 2 or str(args[0]).upper() != "EVALSHA":
+            return None
+        sha = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
+        return getattr(self, "_scripts", {}).get(sha)
 
     def close(self) -> None:
         super().close()
@@ -215,7 +242,8 @@ class FailoverRedis(redis.Redis):
 
 class SentinelNoReplicas(redis.ConnectionError):
     """NOREPLICAS from the master a sentinel client is connected to: perhaps no longer the
-    master the sentinels name; an outage either way, never a refusal of the command."""
+    master the sentinels name; an outage either way, never a refusal of the command. Also
+    raised (to be retried) after a script missing on a promoted master was loaded."""
 
 
 _FAILOVER_ERRORS = (*RedisCluster.ERRORS_ALLOW_RETRY, redis.exceptions.ReadOnlyError)

@@ -5,6 +5,7 @@ the worker's sink, never a refusal of a result)."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
@@ -207,6 +208,53 @@ def test_noreplicas_sends_the_client_back_to_the_sentinels(monkeypatch: pytest.M
     assert dropped == [False]  # idle ones only: other threads' commands finish
     with pytest.raises(SinkUnavailable):
         call(lambda: client.set("k", "v"))
+
+
+def test_a_script_missing_on_the_promoted_master_is_loaded_and_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A promoted replica never saw SCRIPT LOAD. Mid-failover redis-py's own reload (SCRIPT
+    LOAD, then EVALSHA) can reach two masters, and CI saw `bulk run` fail with 'No matching
+    script': the client loads the body on the master each attempt reached and retries."""
+    client = connect(URL, failover_wait_s=5)
+    scripts: dict[str, set[str]] = {"B": set(), "C": set()}
+    route = iter(["B", "C"])  # then B, the master the sentinels settle on, for good
+    sent: list[tuple[str, str]] = []
+
+    def server(self: Any, *args: Any, **kwargs: Any) -> Any:
+        node = next(route, "B")
+        sent.append((node, str(args[0])))
+        if args[0] == "SCRIPT" and args[1] == "LOAD":
+            scripts[node].add(hashlib.sha1(args[2].encode()).hexdigest())
+            return "sha"
+        if args[0] == "EVALSHA":
+            if args[1] not in scripts[node]:
+                raise redis.exceptions.NoScriptError("No matching script. Please use EVAL.")
+            return 7
+        raise AssertionError(args)
+
+    script = client.register_script("return 7")
+    monkeypatch.setattr(redis.Redis, "execute_command", server)
+    assert script(keys=["k"]) == 7
+    # EVALSHA on B (none), the reload lands on C, EVALSHA on B again: redis-py alone
+    # would raise here; the client loads on B and retries
+    assert sent[:3] == [("B", "EVALSHA"), ("C", "SCRIPT"), ("B", "EVALSHA")]
+    assert script.sha in scripts["B"] and sent[-1] == ("B", "EVALSHA")
+
+    # the worker's client (no waiting): the load happens, the attempt is an outage
+    worker_side = connect(URL, failover_wait_s=0)
+    worker_script = worker_side.register_script("return 8")
+    with pytest.raises(SinkUnavailable):
+        call(lambda: worker_side.execute_command("EVALSHA", worker_script.sha, 0))
+    assert worker_script.sha in scripts["B"]
+
+
+def test_a_missing_script_is_an_outage_for_the_sink() -> None:
+    def fail() -> Any:
+        raise redis.exceptions.NoScriptError("No matching script. Please use EVAL.")
+
+    with pytest.raises(SinkUnavailable):
+        call(fail)
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,10 @@ def call(fn: Callable[[], T]) -> T:
         return fn()
     except _UNAVAILABLE as exc:
         raise SinkUnavailable(f"Redis: {type(exc).__name__}: {exc}") from exc
+    except redis.exceptions.NoScriptError as exc:
+        # A master promoted by a failover has an empty script cache; the next try of the
+        # Script loads it again. Never a refusal of the result.
+        raise SinkUnavailable(f"Redis: {exc}") from exc
     except redis.exceptions.ResponseError as exc:
         if str(exc).startswith(_TRANSIENT_REPLIES) or _ACL_IN_SCRIPT in str(exc):
             raise SinkUnavailable(f"Redis: {exc}") from exc
