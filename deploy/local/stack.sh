@@ -689,7 +689,7 @@ start_cr() { # port
   if ! redis-server --bind "$HOST" --port "$port" --protected-mode yes \
     --daemonize yes --pidfile "$d/redis.pid" --logfile "$d/redis.log" --dir "$d" \
     --cluster-enabled yes --cluster-config-file nodes.conf \
-    --cluster-node-timeout "$CR_NODE_TIMEOUT" \
+    --cluster-node-timeout "$CR_NODE_TIMEOUT" --repl-ping-replica-period 1 \
     --save '' --appendonly yes --appendfsync everysec 8>&- 9>&-; then
     tail_log "$d/redis.log"
     die "redis-server failed to start on $port"
@@ -716,11 +716,18 @@ cr_roles() {
     END { print m + 0, r + 0 }'
 }
 
-redis_cluster_ok() { # every node says ok and knows all 6; the first sees 3 masters + 3 replicas
+# Every node says ok, knows all 6 and reports all 6 "online" in CLUSTER SHARDS; the first
+# sees 3 masters + 3 replicas. "online" matters: a replica whose replication offset is still
+# 0 (no write or master PING reached it yet) shows as "loading" there and is left out of
+# CLUSTER SLOTS, so a client that maps the cluster then sees no replicas (CI hit this right
+# after `up`). The master PINGs its replicas every second here (repl-ping-replica-period 1,
+# Redis's default is 10 s), which moves the offset off 0 without a write.
+redis_cluster_ok() {
   local p
   for p in $(cr_ports); do
     [[ "$(cr_info "$p" cluster_state)" == ok ]] || return 1
     [[ "$(cr_info "$p" cluster_known_nodes)" == "$CR_NODES" ]] || return 1
+    [[ "$(cr_cli "$p" cluster shards | grep -c '^online$')" == "$CR_NODES" ]] || return 1
   done
   [[ "$(cr_roles "$CR_PORT")" == "$((CR_NODES / 2)) $((CR_NODES / 2))" ]]
 }
