@@ -35,6 +35,7 @@ from producer.placement import PlacementMode, PrefixPlanner, placement_mode
 from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope
 from schemas.limits import DEFAULT_RESULT_TTL_S
 from schemas.redis_conn import mget
+from schemas.replica_ack import ReplicaAck
 from schemas.replies import ResultWriter
 from schemas.scripts import lua
 from schemas.settings import BULK
@@ -121,11 +122,17 @@ def _s(value: Any) -> str:
 class JobStore:
     """Job bookkeeping against one Redis and prefix."""
 
-    def __init__(self, redis_client: Any, keys: RedisKeys, job_ttl_s: int = DEFAULT_JOB_TTL_S):
+    def __init__(
+        self,
+        redis_client: Any,
+        keys: RedisKeys,
+        job_ttl_s: int = DEFAULT_JOB_TTL_S,
+        ack: ReplicaAck | None = None,
+    ):
         self.redis = redis_client
         self.keys = keys
         self.job_ttl_s = job_ttl_s
-        self._replies = ResultWriter(redis_client, keys)
+        self._replies = ResultWriter(redis_client, keys, ack)
         self._begin = redis_client.register_script(lua("job_begin"))
         self._mark = redis_client.register_script(lua("job_mark_submitted"))
         self._cancel = redis_client.register_script(lua("job_cancel"))

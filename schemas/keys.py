@@ -4,7 +4,7 @@ Every key is built here from a validated id (`[A-Za-z0-9_.:-]`), so no request c
 worker write outside its prefix, and no two (kind, id) pairs give the same key:
 
 * the prefix holds no `:`, so the first `:` ends it; the second segment names the kind
-  (`result`, `done`, `job`, `toolcall`, `strikes`) and is a fixed word, so kinds cannot meet;
+  (`result`, `done`, `job`, `toolcall`, `strikes`, `ack`) and is a fixed word, so kinds cannot meet;
 * within `job`, the job's stream and cancel flag are the hash key plus `:done` /
   `:cancel`, which is why a job_id may not end with either (`schemas.limits.
   RESERVED_JOB_SUFFIXES`, refused at the edge): job `vic:done` would otherwise be job
@@ -79,6 +79,17 @@ class RedisKeys:
 
     def _tag(self, slot_id: str) -> str:
         return f"{{{slot_id}}}" if self.cluster else slot_id
+
+    def ack(self, key: str = "") -> str:
+        """A short-lived key in `key`'s slot, set after a batch of writes so that `WAIT`
+        after it covers them even when they were all no-ops (see `schemas.replica_ack`)."""
+        if not self.cluster:
+            return f"{self.prefix}:ack"
+        start = key.find("{")
+        end = key.find("}", start + 1) if start >= 0 else -1
+        # Redis hashes the first non-empty {...} of a key, or the whole key without one
+        tag = key[start + 1 : end] if start >= 0 and end > start + 1 else key
+        return f"{self.prefix}:ack:{{{tag}}}"
 
     def result(self, request_id: str) -> str:
         return f"{self.prefix}:result:{self._tag(request_id)}"

@@ -51,6 +51,7 @@ __all__ = [
     "is_sentinel_url",
     "mget",
     "parse_sentinel_url",
+    "waiting_out_failover",
 ]
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -224,7 +225,7 @@ class FailoverRedis(redis.Redis):
                 self.connection_pool.disconnect(inuse_connections=False)
                 raise SentinelNoReplicas(str(exc)) from exc
 
-        return _waiting(self, once)
+        return waiting_out_failover(self, once)
 
     def _script_of(self, args: tuple[Any, ...]) -> str | None:
         if len(args) < 2 or str(args[0]).upper() != "EVALSHA":
@@ -263,10 +264,12 @@ class FailoverCluster(RedisCluster):
     failover_wait_s: float = DEFAULT_FAILOVER_WAIT_S
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        return _waiting(self, lambda: super(FailoverCluster, self).execute_command(*args, **kwargs))
+        return waiting_out_failover(
+            self, lambda: super(FailoverCluster, self).execute_command(*args, **kwargs)
+        )
 
 
-def _waiting(client: Any, fn: Callable[[], T]) -> T:
+def waiting_out_failover(client: Any, fn: Callable[[], T]) -> T:
     """`fn()`, retried on the errors a failover raises until `client.failover_wait_s` has
     passed (redis-py's own jittered backoff: the bare client install has no tenacity)."""
     wait_s = getattr(client, "failover_wait_s", 0.0)
@@ -355,7 +358,7 @@ def mget(client: Any, keys: Sequence[str]) -> list[Any]:
     if not keys:
         return []
     if is_cluster(client):
-        return _waiting(client, lambda: list(client.mget_nonatomic(list(keys))))
+        return waiting_out_failover(client, lambda: list(client.mget_nonatomic(list(keys))))
     return list(client.mget(list(keys)))
 
 
@@ -371,4 +374,4 @@ def eval_many(
             pipe.execute_command("EVAL", script, len(keys), *keys, *args)
         return list(pipe.execute(raise_on_error=False))
 
-    return _waiting(client, run)  # each script is idempotent: a whole retry is safe
+    return waiting_out_failover(client, run)  # each script is idempotent: a whole retry is safe

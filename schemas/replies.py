@@ -16,6 +16,7 @@ from typing import Any
 
 from schemas.keys import RedisKeys
 from schemas.redis_conn import eval_many
+from schemas.replica_ack import ReplicaAck, eval_acked
 from schemas.result import ResultEnvelope
 from schemas.scripts import lua
 
@@ -61,9 +62,11 @@ def _reply(raw: Any) -> WriteReply:
 class ResultWriter:
     """Writes result envelopes once each (see `schemas/lua/write_results.lua`)."""
 
-    def __init__(self, client: Any, keys: RedisKeys) -> None:
+    def __init__(self, client: Any, keys: RedisKeys, ack: ReplicaAck | None = None) -> None:
         self._client = client
         self._keys = keys
+        self._ack = ack or ReplicaAck()
+        """Replicas that must hold a write before it returns (`schemas.replica_ack`)."""
         self._write_script = client.register_script(lua("write_results"))
         self._duplicate_script = client.register_script(lua("record_duplicate"))
 
@@ -105,7 +108,21 @@ class ResultWriter:
                 result.custom_id or "",
                 job,
             ]
+        if self._ack.enabled:
+            return [_reply(raw) for raw in self._acked(lua("write_results"), keys, args)]
         return [_reply(raw) for raw in self._write_script(keys=keys, args=args)]
+
+    def _acked(self, body: str, keys: list[str], args: list[Any]) -> Any:
+        """One script call, returned once the replicas have it (raises as a call would)."""
+        (raw,) = eval_acked(self._client, self._keys, self._ack, [(body, keys, args)])
+        if isinstance(raw, Exception):
+            raise raw
+        return raw
+
+    def _eval_many(self, body: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        if self._ack.enabled:
+            return eval_acked(self._client, self._keys, self._ack, [(body, k, a) for k, a in calls])
+        return eval_many(self._client, body, calls)
 
     def _write_cluster(
         self,
@@ -136,7 +153,7 @@ class ResultWriter:
             calls.append(([self._keys.result(rid), self._keys.done(rid)], [data, ttl_s, job]))
             where.append(i)
         counts: dict[str, list[tuple[ResultEnvelope, str, int]]] = {}
-        written = eval_many(self._client, lua("write_result_cluster"), calls)
+        written = self._eval_many(lua("write_result_cluster"), calls)
         for i, raw in zip(where, written, strict=True):
             if isinstance(raw, Exception):
                 raise raw
@@ -184,7 +201,7 @@ class ResultWriter:
                 args += [result.request_id, result.custom_id or "", status]
             keys = [self._keys.job(job), self._keys.job_stream(job), self._keys.job_counted(job)]
             calls.append((keys, args))
-        for raw in eval_many(self._client, lua("count_results"), calls):
+        for raw in self._eval_many(lua("count_results"), calls):
             if isinstance(raw, Exception):
                 raise raw
 
@@ -193,14 +210,16 @@ class ResultWriter:
         result travels inline in the job's stream entry."""
         if not result.job_id:
             return WriteReply(WriteStatus.existed)
-        raw = self._duplicate_script(
-            keys=[self._keys.job(result.job_id), self._keys.job_stream(result.job_id)],
-            args=[
-                result.request_id,
-                result.custom_id or "",
-                result.model_dump_json(exclude_none=True),
-                now_ms,
-                ttl_s,
-            ],
-        )
+        keys = [self._keys.job(result.job_id), self._keys.job_stream(result.job_id)]
+        args: list[Any] = [
+            result.request_id,
+            result.custom_id or "",
+            result.model_dump_json(exclude_none=True),
+            now_ms,
+            ttl_s,
+        ]
+        if self._ack.enabled:
+            raw = self._acked(lua("record_duplicate"), keys, args)
+        else:
+            raw = self._duplicate_script(keys=keys, args=args)
         return WriteReply(WriteStatus.written) if raw == 1 else _reply(raw)

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.keys import RedisKeys
 from schemas.redis_conn import address_remap, is_cluster_url
+from schemas.replica_ack import ReplicaAck
 from schemas.routes import RouteTable
 
 INTERACTIVE = "interactive"
@@ -105,11 +106,31 @@ class ConnectionSettings(BaseSettings):
         "connects to, for nodes behind NAT, a port-forward or a proxy; unset: as announced.",
     )
 
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        description="Replicas that must acknowledge (Redis WAIT) a result before it counts as "
+        "written and the worker commits past its request; 0: do not wait. With Redis "
+        "Cluster or Sentinel, 1 or more keeps a master's failover from losing results its "
+        "replica had not received yet (replication is asynchronous); a master with fewer "
+        "replicas up stops taking results (the worker pauses) until they are back.",
+    )
+    redis_wait_timeout_ms: int = Field(
+        1000,
+        ge=1,
+        description="How long one WAIT for --redis-wait-replicas may take before the write "
+        "counts as an outage and is retried.",
+    )
+
     @field_validator("redis_address_map")
     @classmethod
     def _address_map_entries(cls, value: dict[str, str]) -> dict[str, str]:
         address_remap(value)  # raises on an entry that is not host:port
         return value
+
+    @property
+    def replica_ack(self) -> ReplicaAck:
+        return ReplicaAck(self.redis_wait_replicas, self.redis_wait_timeout_ms)
 
     @property
     def keys(self) -> RedisKeys:

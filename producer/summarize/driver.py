@@ -73,9 +73,9 @@ class Driver:
         self.tok = tokenizer
         self.cfg = config
         self.store = (
-            JobStore(client.redis, client.keys, config.job_ttl_s)
+            JobStore(client.redis, client.keys, config.job_ttl_s, client.settings.replica_ack)
             if config.job_ttl_s
-            else JobStore(client.redis, client.keys)
+            else JobStore(client.redis, client.keys, ack=client.settings.replica_ack)
         )
         self.bar = bar
         self.db = WorkDB(config.work_dir / "state.db")

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.cluster import RedisCluster
 
-from schemas.redis_conn import connect
+from schemas import RedisKeys
+from schemas.redis_conn import connect, is_cluster_url
 from tests.integration.cluster_stack import ON_CLUSTER, ClusterStack, cluster_up, parse_exports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +93,24 @@ def cluster_stack() -> ClusterStack:
     (kill/stop/start_broker, kill/start_redis; tests/integration/cluster_stack.py).
     Raises, never skips, if the cluster cannot start."""
     return cluster_up()
+
+
+@pytest.fixture
+def cluster(cluster_stack: ClusterStack) -> Iterator[tuple[Any, RedisKeys]]:
+    """A cluster client and a fresh hash-tagged key layout on the Redis Cluster; deletes
+    the layout's keys afterwards."""
+    url = cluster_stack.redis_url
+    assert is_cluster_url(url), url
+    client = connect(url)
+    assert isinstance(client, RedisCluster)
+    keys = RedisKeys(f"qbc_{uuid.uuid4().hex[:10]}", cluster=True)
+    try:
+        yield client, keys
+    finally:
+        doomed = list(client.scan_iter(match=f"{keys.prefix}:*", count=1000))
+        if doomed:
+            client.delete(*doomed)
+        client.close()
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,32 +17,16 @@ import pytest
 from redis.cluster import RedisCluster
 
 from schemas import ErrorCode, RedisKeys, RequestEnvelope, ResultEnvelope
-from schemas.redis_conn import connect, eval_many, is_cluster_url
+from schemas.redis_conn import connect, eval_many
 from schemas.replies import ResultWriter, WriteStatus
 from schemas.result import Status
 from schemas.scripts import lua
-from tests.integration.workers import Lane, echo_worker, qbatch, unique
+from tests.integration.workers import Lane, echo_worker, qbatch
 from worker.sinks.redis_sink import RedisSink
 
 pytestmark = pytest.mark.integration
 
 TTL = 600
-
-
-@pytest.fixture
-def cluster(cluster_stack: Any) -> Iterator[tuple[Any, RedisKeys]]:
-    url = cluster_stack.redis_url
-    assert is_cluster_url(url), url
-    client = connect(url)
-    assert isinstance(client, RedisCluster)
-    keys = RedisKeys(unique("qbc").replace("-", "_"), cluster=True)
-    try:
-        yield client, keys
-    finally:
-        doomed = list(client.scan_iter(match=f"{keys.prefix}:*", count=1000))
-        if doomed:
-            client.delete(*doomed)
-        client.close()
 
 
 def envelope(rid: str, job: str | None = None) -> RequestEnvelope:

@@ -147,7 +147,12 @@ def test_a_master_killed_mid_stream_is_failed_over_without_loss(
         done["probe_s"] = time.monotonic() - t0
 
     try:
-        with echo_worker(lane, *SLOW, log=log), lane.client() as qb:
+        # WAIT 1 after each chunk too (`--redis-wait-replicas`): its pipeline through the
+        # sentinel-managed client, across the failover
+        with (
+            echo_worker(lane, *SLOW, "--redis-wait-replicas", "1", log=log),
+            lane.client() as qb,
+        ):
             runner = threading.Thread(target=run_bulk)
             runner.start()
             interactive = bodies("n", 100)

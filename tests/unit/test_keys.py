@@ -129,6 +129,20 @@ def test_cluster_keys_a_script_touches_together_share_a_slot(
     assert crc16_slot(keys.serve_usage(rid, day)) == crc16_slot(keys.serve_usage_counted(rid, day))
     # the standalone layout is the v1 contract, unchanged
     assert RedisKeys(prefix).result(rid) == f"{prefix}:result:{rid}"
+    # the ack key set before a WAIT lives in the slot of the writes it follows
+    for key in (keys.result(rid), keys.job_counted(job), keys.serve_active()):
+        assert crc16_slot(keys.ack(key)) == crc16_slot(key)
+        assert keys.ack(key).startswith(f"{prefix}:ack:{{")
+
+
+def test_the_ack_key() -> None:
+    assert RedisKeys("q").ack() == "q:ack"  # one server: one key, whatever was written
+    cluster = RedisKeys("q", cluster=True)
+    assert cluster.ack("q:result:{r1}") == "q:ack:{r1}"
+    # a key without a tag is hashed whole: the ack key tags it whole (keys built here
+    # never hold a brace outside their tag: ids cannot)
+    assert cluster.ack("plain") == "q:ack:{plain}"
+    assert crc16_slot(cluster.ack("plain")) == crc16_slot("plain")
 
 
 @pytest.mark.parametrize("cluster", [False, True])

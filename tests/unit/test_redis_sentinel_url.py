@@ -17,11 +17,11 @@ from schemas.redis_conn import (
     DEFAULT_SENTINEL_WAIT_S,
     FailoverRedis,
     SentinelNoReplicas,
-    _waiting,
     connect,
     is_cluster_url,
     is_sentinel_url,
     parse_sentinel_url,
+    waiting_out_failover,
 )
 from schemas.settings import ConnectionSettings
 from worker.sinks.base import SinkRefused, SinkUnavailable
@@ -148,16 +148,16 @@ class Flaky:
 )
 def test_a_producer_side_client_waits_out_the_failover(exc: Exception) -> None:
     flaky = Flaky(2, exc)
-    assert _waiting(flaky, flaky.run) == "OK" and flaky.calls == 3
+    assert waiting_out_failover(flaky, flaky.run) == "OK" and flaky.calls == 3
     worker_side = Flaky(1, exc, wait_s=0)  # the sink's client: no waiting, it pauses
     with pytest.raises(type(exc)):
-        _waiting(worker_side, worker_side.run)
+        waiting_out_failover(worker_side, worker_side.run)
 
 
 def test_a_refusal_is_not_waited_for() -> None:
     flaky = Flaky(1, redis.ResponseError("WRONGTYPE Operation against a key"))
     with pytest.raises(redis.ResponseError):
-        _waiting(flaky, flaky.run)
+        waiting_out_failover(flaky, flaky.run)
     assert flaky.calls == 1
 
 

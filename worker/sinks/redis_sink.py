@@ -29,6 +29,7 @@ import redis
 
 from schemas import RedisKeys, RequestEnvelope, ResultEnvelope
 from schemas.redis_conn import connect, is_cluster, mget
+from schemas.replica_ack import ReplicaAck
 from schemas.replies import ResultWriter, WriteReply, WriteStatus
 from schemas.scripts import lua
 from schemas.settings import ConnectionSettings
@@ -118,14 +119,21 @@ class RedisSink(ReplySink):
     dedupes = True
 
     def __init__(
-        self, client: Any, keys: RedisKeys, where: str = "", admission_client: Any = None
+        self,
+        client: Any,
+        keys: RedisKeys,
+        where: str = "",
+        admission_client: Any = None,
+        ack: ReplicaAck | None = None,
     ) -> None:
         self.where = where
         self._client = client
         self._admission_client = admission_client or client
         """The dispatcher's own client on a cluster (see `from_settings`)."""
         self._keys = keys
-        self._writer = ResultWriter(client, keys)
+        self._writer = ResultWriter(client, keys, ack)
+        """With `ack` (--redis-wait-replicas) a write returns once replicas hold it, so the
+        offsets committed after it never pass a result that a failover could lose."""
         self._admission_script = client.register_script(lua("admission"))
 
     @classmethod
@@ -145,7 +153,9 @@ class RedisSink(ReplySink):
         # the cluster's layout (it closes sockets another thread is reading): the
         # dispatcher's admission gets a client of its own there.
         admission = new() if is_cluster(client) else client
-        return cls(client, settings.keys, _redacted(settings.redis_url), admission)
+        return cls(
+            client, settings.keys, _redacted(settings.redis_url), admission, settings.replica_ack
+        )
 
     @property
     def client(self) -> Any:
