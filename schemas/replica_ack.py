@@ -72,9 +72,15 @@ def eval_acked(client: Any, keys: RedisKeys, ack: ReplicaAck, calls: Sequence[Ca
     them; raises `ReplicasBehind` when the replicas did not acknowledge in time."""
     if not calls:
         return []
-    if not is_cluster(client):
+
+    def run() -> list[Any]:
+        if is_cluster(client):
+            return _acked_on_cluster(client, keys, ack, calls)
         return _acked_pipeline(client, ack, calls, keys.ack())
-    return waiting_out_failover(client, lambda: _acked_on_cluster(client, keys, ack, calls))
+
+    # producer-side clients wait out a failover here too (a pipeline bypasses the
+    # clients' own execute_command); the worker's sink client has no wait and pauses
+    return waiting_out_failover(client, run)
 
 
 def _acked_pipeline(node: Any, ack: ReplicaAck, calls: Sequence[Call], ack_key: str) -> list[Any]:

@@ -42,7 +42,7 @@ from producer.tools.continuation import (
 )
 from producer.tools.registry import ToolRegistry
 from producer.tools.runner import PendingCall, run_calls
-from schemas import ConnectionSettings, ErrorCode, ErrorInfo, RequestEnvelope, dlq
+from schemas import ConnectionSettings, ContractError, ErrorCode, ErrorInfo, RequestEnvelope, dlq
 from schemas.decode import encode_request
 from schemas.kafka_compat import repair_idempotent_reset
 from schemas.limits import MAX_ENVELOPE_BYTES
@@ -132,6 +132,19 @@ def malformed_answer(value: bytes | None, reason: str) -> RequestEnvelope | None
     return env.model_copy(update={"loop": loop})
 
 
+def continuation_topic(settings: ConnectionSettings, env: RequestEnvelope) -> str:
+    """Where a loop's next turn goes: the requests topic of the pool serving its model
+    (the route table's interactive `topic`: the turn keeps its first turn's engine
+    priority through `loop.lane`), else the interactive topic. A model the table does not
+    know goes there too, and the worker answers it `unknown_model`: visible, not lost."""
+    if settings.routes is None:
+        return settings.topic
+    try:
+        return settings.routes.route(env.body.model).topic
+    except ContractError:
+        return settings.topic
+
+
 class ToolExecutor:
     def __init__(
         self,
@@ -186,7 +199,9 @@ class ToolExecutor:
             executor_id=self.settings.executor_id,
             topic=self.settings.tool_calls_topic,
             group=self.settings.tools_group,
-            continuations_to=self.settings.topic,
+            continuations_to=(
+                "routes by model" if self.settings.routes is not None else self.settings.topic
+            ),
             tools=self.registry.names,
         )
         try:
@@ -223,7 +238,9 @@ class ToolExecutor:
         continuations = [*self.handle(events), *answers]
         futures = [
             self._producer.send(
-                self.settings.topic, key=env.request_id.encode(), value=encode_request(env)
+                continuation_topic(self.settings, env),
+                key=env.request_id.encode(),
+                value=encode_request(env),
             )
             for env in continuations
         ]

@@ -14,9 +14,10 @@ from producer.bulk import Defaults, scan_lines
 from producer.client import QBatchClient, Request
 from producer.serve.batches import validate_input
 from producer.serve.errors import openai_code
-from schemas import ContractError, ErrorCode
+from schemas import ContractError, ErrorCode, RequestEnvelope
 from schemas.routes import RoutesError, RouteTable, load_routes, parse_routes
 from schemas.settings import BULK, ConnectionSettings
+from worker.tool_executor import continuation_topic
 
 TABLE = {
     "qwen3-8b": {"topic": "q.qwen", "bulk_topic": "q.qwen.bulk"},
@@ -156,3 +157,28 @@ def test_a_batch_naming_an_unknown_model_fails_validation_with_model_not_found()
     ]
     assert openai_code(ErrorCode.unknown_model) == "model_not_found"
     assert openai_code(ErrorCode.invalid_request) == "invalid_request"
+
+
+@pytest.mark.parametrize(
+    ("model", "routed", "topic"),
+    [
+        ("qwen", True, "q.qwen"),  # the pool serving the model, its interactive topic
+        ("llama", True, "q.llama"),
+        ("nobody", True, "q.default"),  # unknown: the default pool answers unknown_model
+        (None, True, "q.default"),
+        ("qwen", False, "q.default"),  # one pool: the interactive topic, as before
+    ],
+)
+def test_a_tool_loops_next_turn_goes_to_its_models_pool(
+    model: str | None, routed: bool, topic: str
+) -> None:
+    """The tool executor publishes a continuation where its model is served (before the
+    fix every continuation went to the default topic, where another pool's workers answer
+    `unknown_model`); its lane (engine priority) travels in `loop.lane`, not the topic."""
+    settings = ConnectionSettings(
+        topic="q.default",
+        bulk_topic="q.default.bulk",
+        routes=parse_routes(TABLE) if routed else None,
+    )
+    envelope = RequestEnvelope.model_validate({"request_id": "r1", "body": body(model)})
+    assert continuation_topic(settings, envelope) == topic
