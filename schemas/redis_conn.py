@@ -269,12 +269,15 @@ class FailoverCluster(RedisCluster):
         )
 
 
-def waiting_out_failover(client: Any, fn: Callable[[], T]) -> T:
+def waiting_out_failover(client: Any, fn: Callable[[], T], at_least_s: float = 0.0) -> T:
     """`fn()`, retried on the errors a failover raises until `client.failover_wait_s` has
-    passed (redis-py's own jittered backoff: the bare client install has no tenacity)."""
+    passed (redis-py's own jittered backoff: the bare client install has no tenacity).
+    `at_least_s` lengthens that wait for a client that waits at all (never for the
+    worker's sink, whose client waits 0 and pauses instead)."""
     wait_s = getattr(client, "failover_wait_s", 0.0)
     if wait_s <= 0:
         return fn()
+    wait_s = max(wait_s, at_least_s)
     backoff = ExponentialWithJitterBackoff(base=0.1, cap=2.0)
     deadline = time.monotonic() + wait_s
     failures = 0

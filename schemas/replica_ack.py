@@ -25,20 +25,31 @@ stalling while any replica is down.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.exceptions import AskError, MovedError, TryAgainError
+from redis.exceptions import AskError, MovedError, RedisClusterException, TryAgainError
 
 from schemas.keys import RedisKeys
 from schemas.redis_conn import is_cluster, waiting_out_failover
 
-__all__ = ["ACK_KEY_TTL_MS", "Call", "ReplicaAck", "ReplicasBehind", "eval_acked"]
+__all__ = [
+    "ACK_KEY_TTL_MS",
+    "PRODUCER_ACK_WAIT_S",
+    "Call",
+    "ReplicaAck",
+    "ReplicasBehind",
+    "eval_acked",
+]
 
 ACK_KEY_TTL_MS = 10_000
 """The ack key only has to outlive its own WAIT."""
+PRODUCER_ACK_WAIT_S = 120.0
+"""How long producer-side clients (the CLI, `qbatch serve`) retry writes the replicas did
+not acknowledge, or that a failover interrupted, before they fail."""
 
 Call = tuple[str, Sequence[Any], Sequence[Any]]
 """(script body, keys, args) of one EVAL; its keys in one slot."""
@@ -78,9 +89,12 @@ def eval_acked(client: Any, keys: RedisKeys, ack: ReplicaAck, calls: Sequence[Ca
             return _acked_on_cluster(client, keys, ack, calls)
         return _acked_pipeline(client, ack, calls, keys.ack())
 
-    # producer-side clients wait out a failover here too (a pipeline bypasses the
-    # clients' own execute_command); the worker's sink client has no wait and pauses
-    return waiting_out_failover(client, run)
+    # Producer-side clients wait out a failover here too (a pipeline bypasses the
+    # clients' own execute_command), and longer than for a failover alone: after a
+    # master dies its promoted replica has no replica of its own until the dead node is
+    # back (the long chaos soak: up to ~40 s), and a CLI that gave up there left a
+    # cancelled job half-answered. The worker's sink client waits 0 and pauses instead.
+    return waiting_out_failover(client, run, at_least_s=PRODUCER_ACK_WAIT_S)
 
 
 def _acked_pipeline(node: Any, ack: ReplicaAck, calls: Sequence[Call], ack_key: str) -> list[Any]:
@@ -133,7 +147,7 @@ def _acked_on_cluster(
                 continue
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if not isinstance(exc, ReplicasBehind):
-                    client.nodes_manager.initialize()
+                    _reload_slots(client)
                 raise
             for i, reply in zip(where, raw, strict=True):
                 replies[i] = reply
@@ -142,5 +156,12 @@ def _acked_on_cluster(
         if not redirected:
             return replies
         pending = sorted(redirected)
-        client.nodes_manager.initialize()
+        _reload_slots(client)
     raise TryAgainError(f"{len(pending)} writes still redirected after {_ROUNDS} slot-map reloads")
+
+
+def _reload_slots(client: Any) -> None:
+    """Re-read the slot map so the next try finds a promoted master; a cluster that cannot
+    answer now (every seed down mid-failover) keeps the old map and the caller's error."""
+    with contextlib.suppress(redis.RedisError, RedisClusterException):
+        client.nodes_manager.initialize()

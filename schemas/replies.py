@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from schemas.keys import RedisKeys
-from schemas.redis_conn import eval_many
+from schemas.redis_conn import eval_many, waiting_out_failover
 from schemas.replica_ack import ReplicaAck, eval_acked
 from schemas.result import ResultEnvelope
 from schemas.scripts import lua
@@ -180,11 +180,17 @@ class ResultWriter:
             ("stream", "stream", self._keys.job_stream),
             ("counted", "set", self._keys.job_counted),
         )
-        pipe = self._client.pipeline(transaction=False)
-        for job in jobs:
-            for _role, _type, key in want:
-                pipe.type(key(job))
-        types = iter(_text(t) for t in pipe.execute())
+
+        def read() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for job in jobs:
+                for _role, _type, key in want:
+                    pipe.type(key(job))
+            return list(pipe.execute())
+
+        # a pipeline bypasses the client's own failover wait: a producer-side write must
+        # not fail here on a master dying mid-read (the chaos soak's cancelled submit did)
+        types = iter(_text(t) for t in waiting_out_failover(self._client, read))
         broken = {}
         for job in jobs:
             for role, kind, _key in want:

@@ -154,6 +154,24 @@ def test_a_producer_side_client_waits_out_the_failover(exc: Exception) -> None:
         waiting_out_failover(worker_side, worker_side.run)
 
 
+def test_replicas_behind_waits_longer_on_the_producer_side_only() -> None:
+    """`at_least_s` (PRODUCER_ACK_WAIT_S for writes waiting on replicas) lengthens a
+    producer-side client's budget past its own failover_wait_s; the sink's stays 0."""
+    from schemas.replica_ack import ReplicasBehind
+
+    behind = ReplicasBehind("0 of 1 Redis replicas acknowledged the results within 50 ms")
+    short = Flaky(50, behind, wait_s=0.05)  # 50 jittered backoffs far exceed 0.05 s
+    with pytest.raises(ReplicasBehind):
+        waiting_out_failover(short, short.run)
+    assert short.calls < 50
+    longer = Flaky(3, behind, wait_s=0.05)
+    assert waiting_out_failover(longer, longer.run, at_least_s=30) == "OK"
+    assert longer.calls == 4
+    sink = Flaky(1, behind, wait_s=0)
+    with pytest.raises(ReplicasBehind):
+        waiting_out_failover(sink, sink.run, at_least_s=30)
+
+
 def test_a_refusal_is_not_waited_for() -> None:
     flaky = Flaky(1, redis.ResponseError("WRONGTYPE Operation against a key"))
     with pytest.raises(redis.ResponseError):
