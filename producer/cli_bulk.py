@@ -176,7 +176,7 @@ def _do_submit(
             "[red]error:[/] the file mixes OpenAI Batch lines and native envelopes; nothing sent"
         )
         return EXIT_USAGE
-    store = JobStore(client.redis, client.keys, job_ttl, client.settings.replica_ack)
+    store = JobStore.of(client, job_ttl)
     with progress(o, f"submit {job}") as bar:
         report = submit_job(
             client,
@@ -258,7 +258,7 @@ def bulk_status(
     """Show a job's counters, progress, rate and ETA (exit 4 if there is no such job)."""
     o = opts(ctx)
     with guard(), client_for(o) as client:
-        view = JobStore(client.redis, client.keys, ack=client.settings.replica_ack).view(job)
+        view = JobStore.of(client).view(job)
     if view is None:
         err.print(f"[red]error:[/] no job {job!r} under prefix {client.keys.prefix!r}")
         raise typer.Exit(EXIT_UNAVAILABLE)
@@ -286,7 +286,7 @@ def _do_collect(
     errors: Path | None,
     timeout: float | None,
 ) -> CollectReport:
-    store = JobStore(client.redis, client.keys, ack=client.settings.replica_ack)
+    store = JobStore.of(client)
     with progress(o, f"collect {job}") as bar:
         usage = UsageStore(client.redis, client.keys)
         report = collect_job(
@@ -360,9 +360,7 @@ def bulk_cancel(
     """Cancel a job: requests not yet started finish as `cancelled`; finished ones stay."""
     o = opts(ctx)
     with guard(), client_for(o) as client:
-        status = JobStore(client.redis, client.keys, job_ttl, client.settings.replica_ack).cancel(
-            job
-        )
+        status = JobStore.of(client, job_ttl).cancel(job)
     if not status:
         err.print(f"[red]error:[/] no job {job!r}")
         raise typer.Exit(EXIT_UNAVAILABLE)
@@ -461,7 +459,7 @@ def bulk_retry(
         err.print("[red]error:[/] say what to retry: --failed")
         raise typer.Exit(EXIT_USAGE)
     with guard(), client_for(o) as client:
-        store = JobStore(client.redis, client.keys, ack=client.settings.replica_ack)
+        store = JobStore.of(client)
         path = file
         if path is None:
             stored = store.field(job, INPUT_PATH_FIELD)

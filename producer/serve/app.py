@@ -87,7 +87,7 @@ class ServeState:
 def build_state(
     config: ServeConfig, keyring: KeyRing, storage: FileStore, client: QBatchClient
 ) -> ServeState:
-    jobs = JobStore(client.redis, client.keys, ack=client.settings.replica_ack)
+    jobs = JobStore.of(client)
     batches = BatchStore(client.redis, client.keys)
     runner = BatchRunner(client, batches, jobs, storage)
     usage = UsageRecorder(UsageStore(client.redis, client.keys))

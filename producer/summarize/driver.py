@@ -72,11 +72,7 @@ class Driver:
         self.client = client
         self.tok = tokenizer
         self.cfg = config
-        self.store = (
-            JobStore(client.redis, client.keys, config.job_ttl_s, client.settings.replica_ack)
-            if config.job_ttl_s
-            else JobStore(client.redis, client.keys, ack=client.settings.replica_ack)
-        )
+        self.store = JobStore.of(client, config.job_ttl_s or None)  # unset or 0: the default
         self.bar = bar
         self.db = WorkDB(config.work_dir / "state.db")
         self._submitted: set[int] = set()
