@@ -128,7 +128,12 @@ class SinkHealth:
             log.warning(
                 f"{sink.name}_unavailable",
                 where=sink.where,
-                message=f"{sink.name} unreachable at {sink.where}: results wait, intake pauses",
+                # not always "unreachable": a reachable Redis whose replicas lag (ReplicasBehind)
+                # refuses to acknowledge too, and the reason is the error's type and text
+                message=(
+                    f"{sink.name} at {sink.where} does not take results"
+                    f" ({type(error).__name__}): results wait, intake pauses"
+                ),
                 error=str(error),
             )
             self._gauges(sink, 0)
