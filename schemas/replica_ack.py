@@ -57,6 +57,9 @@ Call = tuple[str, Sequence[Any], Sequence[Any]]
 _REDIRECTS = (MovedError, AskError, TryAgainError, redis.exceptions.ReadOnlyError)
 """Replies that mean the slot is served elsewhere now (a failover, a demoted master)."""
 _ROUNDS = 3
+DEFAULT_WAIT_TIMEOUT_MS = 1000
+"""One WAIT's bound: a replica that is up acknowledges in milliseconds, so a second means
+it is not keeping up (QBATCH_REDIS_WAIT_TIMEOUT_MS's default too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,7 @@ class ReplicaAck:
     """How many replicas must hold a result before it counts as written (0: do not wait)."""
 
     replicas: int = 0
-    timeout_ms: int = 1000
+    timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS
 
     @property
     def enabled(self) -> bool:

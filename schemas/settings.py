@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.keys import RedisKeys
 from schemas.redis_conn import address_remap, is_cluster_url
-from schemas.replica_ack import ReplicaAck
+from schemas.replica_ack import DEFAULT_WAIT_TIMEOUT_MS, ReplicaAck
 from schemas.routes import RouteTable
 
 INTERACTIVE = "interactive"
@@ -116,7 +116,7 @@ class ConnectionSettings(BaseSettings):
         "replicas up stops taking results (the worker pauses) until they are back.",
     )
     redis_wait_timeout_ms: int = Field(
-        1000,
+        DEFAULT_WAIT_TIMEOUT_MS,
         ge=1,
         description="How long one WAIT for --redis-wait-replicas may take before the write "
         "counts as an outage and is retried.",
