@@ -159,9 +159,13 @@ def make_engine(mode: str, dry: bool, **overrides: Any) -> Any:
 
 
 def kv_cache_tokens(engine: Any) -> int | None:
-    """The engine's KV cache capacity in tokens, where this vLLM version tells it."""
+    """The engine's KV cache capacity in tokens, where this vLLM version tells it (AsyncLLM
+    holds `vllm_config`, the offline `LLM` under `llm_engine`: raw.json of 2026-12-06 had
+    null here)."""
     try:
-        cache = engine._llm.vllm_config.cache_config
+        llm = engine._llm
+        config = getattr(llm, "vllm_config", None) or llm.llm_engine.vllm_config
+        cache = config.cache_config
         return int(cache.num_gpu_blocks) * int(cache.block_size)
     except (AttributeError, TypeError):
         return None

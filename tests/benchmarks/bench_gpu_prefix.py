@@ -30,8 +30,8 @@ whether a line finds its prefix cached depends on the order the lines are run in
   reset, `qbatch bulk run FILE --placement P --job <fresh>` (the CLI, as a user runs it),
   processing = its wall time.
 
-Each run: req/s, output tok/s, total tok/s (and against the bf16 ceiling, tests/benchmarks/
-ceiling.py), the prefix-cache hit rate (cached / prompt tokens, vLLM's per-request counts:
+Each run: req/s, output tok/s, total tok/s, computed tok/s (cached prompt tokens cost no
+prefill) against the bf16 ceiling (tests/benchmarks/ceiling.py), the prefix-cache hit rate (cached / prompt tokens, vLLM's per-request counts:
 `num_cached_tokens` for raw, `usage.prompt_tokens_details.cached_tokens` of each output
 line for qbatch; plus the worker counters `qbatch_engine_prefix_cache_{queries,hits}_tokens
 _total` where the worker has them). `--w N` adds workload W (N chat lines, bench_runbatch)
@@ -192,7 +192,8 @@ def phase_raw(out: Path, args: argparse.Namespace) -> None:
     started = time.perf_counter()
     engine = _engine("static", args, args.gpu_mem)
     doc: dict[str, Any] = {"engine_start_s": round(time.perf_counter() - started, 1)}
-    doc |= {"kv_cache_tokens": g.kv_cache_tokens(engine), "warmup": args.warmup, "runs": {}}
+    doc |= {"gpu_memory_utilization": args.gpu_mem, "kv_cache_tokens": g.kv_cache_tokens(engine)}
+    doc |= {"warmup": args.warmup, "runs": {}}
     g.warm_up(engine, args.warmup, "static")
     try:
         for name, path in files.items():
@@ -367,25 +368,26 @@ def ratios(raw: dict[str, Any], q: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def report(out: Path) -> dict[str, Any]:
+def report(out: Path, gpu_name: str | None = None) -> dict[str, Any]:
     raw = g._load(out / "raw.json").get("runs", {})
     by_workers = {
         int(p.stem.split("-")[1][:-1]): g._load(p).get("runs", {})
         for p in sorted(out.glob("qbatch-*w.json"))
     }
-    gpu = g._gpu_name()
+    gpu = gpu_name or g._gpu_name()
     params = ceiling.model_params(g.MODEL_DIR)
     lines = [
-        "| workers | run | requests | req/s | output tok/s | total tok/s vs bf16 ceiling"
-        " | prefix-cache hit rate | (worker counters) |",
-        "| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |",
+        "| workers | run | requests | req/s | output tok/s | total tok/s | computed tok/s vs"
+        " bf16 ceiling | prefix-cache hit rate | (worker counters) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     rows = [("-", f"raw {k}", r) for k, r in raw.items()]
     rows += [(str(k), name, r) for k, runs in by_workers.items() for name, r in runs.items()]
     for workers, name, r in rows:
         lines.append(
             f"| {workers} | {name} | {r['n']} | {r['req_per_s']} | {r['out_tok_per_s']} | "
-            f"{ceiling.column(r['total_tok_per_s'], gpu, params)} | "
+            f"{r['total_tok_per_s']} | "
+            f"{ceiling.column(ceiling.computed_rate(r, r['elapsed_s']), gpu, params)} | "
             f"{r['prefix_cache_hit_rate']} | {r.get('worker_metrics_hit_rate', '-')} |"
         )
     summary: dict[str, Any] = {"device": gpu, "ratios": {}}
@@ -421,6 +423,7 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=1500)
     parser.add_argument("--dry", action="store_true", help="echo engine on the CPU")
     parser.add_argument("--echo-prefix-cache-tokens", type=int, default=0)
+    parser.add_argument("--gpu-name", help="report: the device the phases ran on (off the GPU)")
     args = parser.parse_args()
     from worker.logs import configure
 
@@ -430,7 +433,7 @@ def main() -> None:
     elif args.phase == "qbatch":
         phase_qbatch(args.out, args)
     else:
-        report(args.out)
+        report(args.out, args.gpu_name)
         return
     g.exit_now()
 

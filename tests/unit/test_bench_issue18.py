@@ -241,3 +241,17 @@ def test_device_names_and_the_table_cell() -> None:
     assert ceiling.column(13_360, "1x NVIDIA H200", params) == "13,360 = 50% of 26.7K"
     assert ceiling.column(1.0, "no GPU", params).startswith("n/a")
     assert ceiling.share_of_ceiling(1.0, 0.0) == 0.0
+
+
+def test_prefix_cache_hits_are_not_computed_tokens() -> None:
+    """The ceiling bounds what the GPU computes: P with placement served 2,794,000 of its
+    3,552,518 prompt tokens from the cache (H200, 2026-12-06), so its total tokens/s was
+    205% of the ceiling and its computed tokens/s 54%."""
+    row = {"prompt_tokens": 3_552_518, "cached_tokens": 2_794_000, "completion_tokens": 234_558}
+    assert ceiling.computed_tokens(3_552_518, 2_794_000, 234_558) == 993_076
+    assert ceiling.computed_rate(row, 69.117) == pytest.approx(14_368, abs=1)
+    assert ceiling.computed_rate(row | {"cached_tokens": None}, 1.0) == 3_787_076
+    assert ceiling.computed_rate(row, 0.0) == 0.0
+    params = ceiling.model_params(FIXTURE)
+    cell = ceiling.column(ceiling.computed_rate(row, 69.117), "1x NVIDIA H200", params)
+    assert cell == "14,368 = 54% of 26.7K"
