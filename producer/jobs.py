@@ -139,11 +139,10 @@ class JobStore:
         self._begin_retry = redis_client.register_script(lua("job_begin_retry"))
 
     @classmethod
-    def of(cls, client: QBatchClient, job_ttl_s: int | None = None) -> JobStore:
+    def of(cls, client: QBatchClient, job_ttl_s: int = DEFAULT_JOB_TTL_S) -> JobStore:
         """The store of `client`'s Redis, key layout and replica acknowledgement
-        (`QBATCH_REDIS_WAIT_REPLICAS`); `job_ttl_s` None: the default."""
-        ttl = DEFAULT_JOB_TTL_S if job_ttl_s is None else job_ttl_s
-        return cls(client.redis, client.keys, ttl, client.settings.replica_ack)
+        (`QBATCH_REDIS_WAIT_REPLICAS`)."""
+        return cls(client.redis, client.keys, job_ttl_s, client.settings.replica_ack)
 
     def view(self, job_id: str) -> JobView | None:
         h = self.redis.hgetall(self.keys.job(job_id))

@@ -27,7 +27,14 @@ from typing import Any
 
 from producer.bulk import parse_request_id
 from producer.client import QBatchClient
-from producer.jobs import GeneratedLines, JobStore, Progress, file_sha256, submit_job
+from producer.jobs import (
+    DEFAULT_JOB_TTL_S,
+    GeneratedLines,
+    JobStore,
+    Progress,
+    file_sha256,
+    submit_job,
+)
 from producer.summarize.chunking import stream_chunks
 from producer.summarize.config import Config, Report
 from producer.summarize.documents import Document
@@ -72,7 +79,7 @@ class Driver:
         self.client = client
         self.tok = tokenizer
         self.cfg = config
-        self.store = JobStore.of(client, config.job_ttl_s or None)  # unset or 0: the default
+        self.store = JobStore.of(client, config.job_ttl_s or DEFAULT_JOB_TTL_S)  # unset or 0
         self.bar = bar
         self.db = WorkDB(config.work_dir / "state.db")
         self._submitted: set[int] = set()

@@ -31,8 +31,8 @@ whether a line finds its prefix cached depends on the order the lines are run in
   processing = its wall time.
 
 Each run: req/s, output tok/s, total tok/s, computed tok/s (cached prompt tokens cost no
-prefill) against the bf16 ceiling (tests/benchmarks/ceiling.py), the prefix-cache hit rate (cached / prompt tokens, vLLM's per-request counts:
-`num_cached_tokens` for raw, `usage.prompt_tokens_details.cached_tokens` of each output
+prefill) against the bf16 ceiling (tests/benchmarks/ceiling.py), the prefix-cache hit rate
+(cached / prompt tokens, vLLM's per-request counts: `num_cached_tokens` for raw, `usage.prompt_tokens_details.cached_tokens` of each output
 line for qbatch; plus the worker counters `qbatch_engine_prefix_cache_{queries,hits}_tokens
 _total` where the worker has them). `--w N` adds workload W (N chat lines, bench_runbatch)
 to raw and, with `--placement prefix`, to qbatch: placement must cost nothing where there
