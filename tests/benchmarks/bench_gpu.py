@@ -6,6 +6,7 @@ Runs on the lent GPU machine with the whole stack there (deploy/gpu/README.md):
     python3 -m tests.benchmarks.bench_gpu static     --out $OUT   # A, B64, B16 (one engine)
     python3 -m tests.benchmarks.bench_gpu continuous --out $OUT   # C, low-load latency, wait sweep
     python3 -m tests.benchmarks.bench_gpu knobs      --out $OUT   # engine knobs, one engine each
+        [--configs base,fp8 --workloads w400 --drift 64]       # fp8 weights: speed and drift
     python3 -m tests.benchmarks.bench_gpu report     --out $OUT   # ratios, table, plot
 
 - A: `LLM.generate` over all requests at once (the engine's ceiling);
@@ -50,6 +51,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
+
+from tests.benchmarks.drift import drift_rows, drift_table
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "tests" / "fixtures" / "qwen3-14b"
@@ -646,9 +649,27 @@ KNOBS: dict[str, tuple[dict[str, Any], list[str]]] = {
 }
 
 
-def phase_knob(out: Path, name: str, dry: bool) -> None:
-    """One knob configuration in this process: start its engine, run its workloads."""
-    overrides, workloads = KNOBS[name]
+@dataclass(frozen=True)
+class KnobOptions:
+    """What every knob engine runs besides its own workloads; `knobs` hands it to each
+    `knob` child as flags."""
+
+    warmup: int = 0
+    workloads: tuple[str, ...] | None = None
+    """Only these of each config's workloads (None: all of them)."""
+    drift: int = 0
+    """Prompts of the greedy drift probe (0: none)."""
+
+    def argv(self) -> list[str]:
+        picked = [] if self.workloads is None else ["--workloads", ",".join(self.workloads)]
+        return ["--warmup", str(self.warmup), "--drift", str(self.drift), *picked]
+
+
+def phase_knob(out: Path, name: str, dry: bool, opts: KnobOptions) -> None:
+    """One knob configuration in this process: start its engine, warm it up, run its
+    workloads (those of `opts.workloads` only, where given), then the greedy drift probe."""
+    overrides, own = KNOBS[name]
+    warmup, workloads, drift = opts.warmup, opts.workloads, opts.drift
     engine = make_engine("continuous", dry, max_model_len=KNOB_MAX_MODEL_LEN, **overrides)
     t0 = time.perf_counter()
     engine.start()
@@ -657,9 +678,11 @@ def phase_knob(out: Path, name: str, dry: bool) -> None:
         "engine_overrides": overrides,
         "startup_s": round(time.perf_counter() - t0, 1),
         "kv_cache_tokens": kv_cache_tokens(engine),
+        "warmup": warmup,
         "runs": [],
     }
-    for wl in workloads:
+    warm_up(engine, warmup, "continuous")
+    for wl in [w for w in own if workloads is None or w in workloads]:
         row = run_qbatch(
             engine, KNOB_WORKLOADS[wl](), f"{name}-{wl}", batch_max_size=64, batch_max_wait_ms=50
         )
@@ -667,6 +690,37 @@ def phase_knob(out: Path, name: str, dry: bool) -> None:
         doc["runs"].append(row)
         print(json.dumps(row), flush=True)
         _write_json(out / f"knob-{name}.json", doc)
+    if drift:
+        # twice on the reference engine: its self-agreement is the floor (drift.py)
+        doc["drift_max_tokens"] = DRIFT_MAX_TOKENS
+        doc["drift"] = [drift_probe(engine, drift) for _ in range(2 if name == "base" else 1)]
+    _write_json(out / f"knob-{name}.json", doc)
+
+
+DRIFT_MAX_TOKENS = 64
+
+
+def drift_probe(engine: Any, n: int, timeout_s: float = 300) -> dict[str, list[int]]:
+    """Greedy token ids of n fixed prompts (W's seed 7, 64 tokens each, EOS ignored), all
+    submitted at once straight to the engine: the probe measures the weights' numerics, not
+    the pipeline. Requests with no answer within `timeout_s` are left out."""
+    from worker.engines.base import EngineOutput, EngineRequest, SamplingSpec
+
+    spec = SamplingSpec(max_tokens=DRIFT_MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    reqs = workload(n, seed=7)
+    got: dict[str, list[int]] = {}
+    left = threading.Semaphore(0)
+
+    def on_done(output: EngineOutput) -> None:
+        got[output.key] = list(output.token_ids or [])
+        left.release()
+
+    engine.submit([EngineRequest(r.rid, "", r.prompt, spec) for r in reqs], on_done)
+    until = time.monotonic() + timeout_s
+    for _ in reqs:
+        if not left.acquire(timeout=max(0.0, until - time.monotonic())):
+            break
+    return dict(got)
 
 
 _KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
@@ -747,7 +801,7 @@ def run_child(args: list[str], log: Any, deadline: float) -> tuple[int | None, l
     return rc, lines
 
 
-def phase_knobs(out: Path, names: list[str], dry: bool, budget_s: float) -> None:
+def phase_knobs(out: Path, names: list[str], dry: bool, budget_s: float, opts: KnobOptions) -> None:
     deadline = time.time() + budget_s
     parts = Path(tempfile.mkdtemp(prefix="qbatch-knobs-"))
     doc: dict[str, Any] = {"max_model_len": KNOB_MAX_MODEL_LEN, "configs": []}
@@ -756,7 +810,9 @@ def phase_knobs(out: Path, names: list[str], dry: bool, budget_s: float) -> None
             if deadline - time.time() < 120:
                 doc["configs"].append({"config": name, "skipped": "out of time budget"})
                 continue
-            args = ["knob", name, "--out", str(parts)] + (["--engine", "echo"] if dry else [])
+            args = ["knob", name, "--out", str(parts), *opts.argv()] + (
+                ["--engine", "echo"] if dry else []
+            )
             rc, lines = run_child(args, log, deadline)
             part = parts / f"knob-{name}.json"
             entry = json.loads(part.read_text()) if part.exists() else {"config": name, "runs": []}
@@ -768,6 +824,11 @@ def phase_knobs(out: Path, names: list[str], dry: bool, budget_s: float) -> None
             _write_json(out / "knobs.json", doc)
     _write_json(out / "knobs.json", doc)
     text = knobs_table(doc)
+    rows = drift_rows(doc["configs"])
+    if rows:
+        doc["drift"] = rows
+        _write_json(out / "knobs.json", doc)
+        text += "\n\n" + drift_table(rows, DRIFT_MAX_TOKENS)
     print(text)
     (out / "knobs.md").write_text(text + "\n")
 
@@ -1061,6 +1122,17 @@ def main() -> None:
         "--budget-s", type=float, default=540, help="full/knobs: stop children after this"
     )
     parser.add_argument(
+        "--workloads",
+        default=None,
+        help=f"knobs: run only these of each config's workloads, of {', '.join(KNOB_WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--drift",
+        type=int,
+        default=0,
+        help="knobs: greedy drift probe over this many prompts per engine (0 = none)",
+    )
+    parser.add_argument(
         "--label", default="external", help="external: the run's name (dp2, tp2, ...)"
     )
     parser.add_argument(
@@ -1078,12 +1150,14 @@ def main() -> None:
     if args.phase == "full":
         phase_full(args.out, args.n, dry, args.budget_s, args.b64, args.b16, args.warmup)
         return
+    workloads = None if args.workloads is None else tuple(w for w in args.workloads.split(",") if w)
+    knob_opts = KnobOptions(args.warmup, workloads, args.drift)
     if args.phase == "knobs":
         names = [x for x in args.configs.split(",") if x]
-        unknown = set(names) - set(KNOBS)
+        unknown = set(names) - set(KNOBS) | set(workloads or ()) - set(KNOB_WORKLOADS)
         if unknown:
-            parser.error(f"unknown knob configs: {sorted(unknown)}")
-        phase_knobs(args.out, names, dry, args.budget_s)
+            parser.error(f"unknown knob configs or workloads: {sorted(unknown)}")
+        phase_knobs(args.out, names, dry, args.budget_s, knob_opts)
         return
     if args.phase == "external":
         phase_external(args.out, args.n, args.label, args.budget_s, args.warmup)
@@ -1096,7 +1170,7 @@ def main() -> None:
     elif args.phase == "continuous":
         phase_continuous(args.out, args.n, args.sweep, args.lone, dry, args.warmup)
     else:
-        phase_knob(args.out, args.knob, dry)
+        phase_knob(args.out, args.knob, dry, knob_opts)
     exit_now()
 
 

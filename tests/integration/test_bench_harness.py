@@ -90,6 +90,26 @@ def test_knobs_run_each_configuration_in_its_own_process(stack: Stack, tmp_path:
     assert "| long | no-chunked-prefill |" in table
 
 
+def test_knobs_fp8_profile_runs_the_picked_workload_and_the_drift_probe(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The issue-18 fp8 call: base and fp8 on W only, warmed up, each engine's greedy probe
+    (twice on base: the floor), compared in knobs.json and the table."""
+    bench(stack, tmp_path, "knobs", "--configs", "base,fp8", "--workloads", "w400",
+          "--warmup", "4", "--drift", "6", "--budget-s", "240")  # fmt: skip
+    doc = json.loads((tmp_path / "knobs.json").read_text())
+    configs = {c["config"]: c for c in doc["configs"]}
+    assert configs["fp8"]["engine_overrides"] == {"quantization": "fp8"}
+    for cfg in configs.values():
+        assert [run["workload"] for run in cfg["runs"]] == ["w400"]
+        assert cfg["warmup"] == 4
+    assert len(configs["base"]["drift"]) == 2 and len(configs["fp8"]["drift"]) == 1
+    assert all(len(probe) == 6 for probe in configs["base"]["drift"] + configs["fp8"]["drift"])
+    assert [row["compare"] for row in doc["drift"]] == ["base vs base (rerun)", "fp8 vs base"]
+    assert all(row["n"] == 6 for row in doc["drift"])
+    assert "Greedy drift (6 prompts of W" in (tmp_path / "knobs.md").read_text()
+
+
 def test_lanes_run_one_worker_per_bulk_cap_on_one_engine(stack: Stack, tmp_path: Path) -> None:
     bench(
         stack,
