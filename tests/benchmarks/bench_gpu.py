@@ -8,6 +8,7 @@ Runs on the lent GPU machine with the whole stack there (deploy/gpu/README.md):
     python3 -m tests.benchmarks.bench_gpu knobs      --out $OUT   # engine knobs, one engine each
         [--configs base,fp8 --workloads w400 --drift 64]       # fp8 weights: speed and drift
     python3 -m tests.benchmarks.bench_gpu report     --out $OUT   # ratios, table, plot
+    python3 -m tests.benchmarks.bench_gpu knobs-report --out D --merge a/knobs.json,b/knobs.json
 
 - A: `LLM.generate` over all requests at once (the engine's ceiling);
 - B16 / B64: qbatch `static` mode (one blocking generate per micro-batch of 16 / 64),
@@ -823,14 +824,35 @@ def phase_knobs(out: Path, names: list[str], dry: bool, budget_s: float, opts: K
             doc["configs"].append(entry)
             _write_json(out / "knobs.json", doc)
     _write_json(out / "knobs.json", doc)
+    knobs_report(out, doc)
+
+
+def knobs_report(out: Path, doc: dict[str, Any]) -> None:
+    """knobs.md (and the drift rows in knobs.json) from the configs measured."""
     text = knobs_table(doc)
     rows = drift_rows(doc["configs"])
     if rows:
         doc["drift"] = rows
-        _write_json(out / "knobs.json", doc)
         text += "\n\n" + drift_table(rows, DRIFT_MAX_TOKENS)
+    _write_json(out / "knobs.json", doc)
     print(text)
     (out / "knobs.md").write_text(text + "\n")
+
+
+def merge_knobs(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Configs of several knobs.json (calls on one warm machine) as one document, in the
+    order first seen; a config measured in a later call replaces a failed or empty entry
+    of an earlier one, never a measured one."""
+    merged: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        for cfg in doc.get("configs", []):
+            had = merged.get(cfg["config"])
+            if had is None or (not had.get("runs") and cfg.get("runs")):
+                merged[cfg["config"]] = {k: v for k, v in cfg.items() if k != "drift"} | (
+                    {"drift": cfg["drift"]} if cfg.get("drift") else {}
+                )
+    first = docs[0] if docs else {}
+    return {"max_model_len": first.get("max_model_len"), "configs": list(merged.values())}
 
 
 def knobs_table(doc: dict[str, Any]) -> str:
@@ -854,6 +876,14 @@ def knobs_table(doc: dict[str, Any]) -> str:
             f"{lat.get('p50')} | {lat.get('p99')} | {groups} | {cfg.get('kv_cache_tokens')} | "
             f"{cfg.get('startup_s')} |"
         )
+    base = {wl: run for wl, cfg, run in rows if cfg["config"] == "base"}
+    ratios = [
+        f"{cfg['config']}/base on {wl}: {run['out_tok_per_s'] / base[wl]['out_tok_per_s']:.3f}x"
+        for wl, cfg, run in rows
+        if cfg["config"] != "base" and wl in base and base[wl]["out_tok_per_s"]
+    ]
+    if ratios:
+        lines.append("\nOutput tok/s against base: " + "; ".join(ratios))
     for cfg in doc["configs"]:
         if cfg.get("skipped") or cfg.get("exit") not in (0, None) or not cfg.get("runs"):
             lines.append(
@@ -1094,7 +1124,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Workload W: raw vLLM vs qbatch")
     parser.add_argument(
         "phase",
-        choices=["full", "static", "continuous", "knobs", "knob", "lanes", "external", "report"],
+        choices=[
+            "full",
+            "static",
+            "continuous",
+            "knobs",
+            "knob",
+            "knobs-report",
+            "lanes",
+            "external",
+            "report",
+        ],
     )
     parser.add_argument("knob", nargs="?", help="knob: the configuration to run (internal)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
@@ -1127,6 +1167,11 @@ def main() -> None:
         help=f"knobs: run only these of each config's workloads, of {', '.join(KNOB_WORKLOADS)}",
     )
     parser.add_argument(
+        "--merge",
+        default="",
+        help="knobs-report: knobs.json files (comma-separated) of calls on one machine",
+    )
+    parser.add_argument(
         "--drift",
         type=int,
         default=0,
@@ -1146,6 +1191,10 @@ def main() -> None:
     configure("info", "console")
     if args.phase == "report":
         report(args.out)
+        return
+    if args.phase == "knobs-report":  # knobs.json of several calls -> one knobs.md
+        sources = [Path(p) for p in args.merge.split(",") if p]
+        knobs_report(args.out, merge_knobs([json.loads(p.read_text()) for p in sources]))
         return
     if args.phase == "full":
         phase_full(args.out, args.n, dry, args.budget_s, args.b64, args.b16, args.warmup)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.benchmarks.drift import agreement, common_prefix, drift_rows, drift_table
 
 
@@ -34,7 +36,7 @@ def test_empty_outputs_never_count_as_a_first_token_match() -> None:
 
 
 def test_rows_read_the_base_floor_first_then_each_other_config() -> None:
-    configs = [
+    configs: list[dict[str, Any]] = [
         {"config": "base", "drift": [{"a": [1, 2], "b": [3, 4]}, {"a": [1, 2], "b": [3, 0]}]},
         {"config": "fp8", "drift": [{"a": [1, 7], "b": [8, 4]}]},
         {"config": "no-drift", "runs": []},
@@ -52,3 +54,28 @@ def test_rows_read_the_base_floor_first_then_each_other_config() -> None:
 def test_no_rows_without_a_base_probe() -> None:
     assert drift_rows([{"config": "fp8", "drift": [{"a": [1]}]}]) == []
     assert drift_table([], 64) == ""
+
+
+def test_knobs_of_two_calls_merge_and_a_later_measurement_replaces_a_failed_one() -> None:
+    from tests.benchmarks.bench_gpu import knobs_table, merge_knobs
+
+    def run(tok_s: float) -> dict[str, object]:
+        return {"workload": "w400", "req_per_s": 1, "out_tok_per_s": tok_s, "latency_s": {}}
+
+    first = {
+        "max_model_len": 16384,
+        "configs": [
+            {"config": "base", "runs": [run(100.0)], "drift": [{"a": [1]}, {"a": [1]}]},
+            {"config": "fp8", "runs": [], "exit": 1},
+        ],
+    }
+    second = {"configs": [{"config": "fp8", "runs": [run(125.0)], "exit": 0}]}
+    merged = merge_knobs([first, second])
+    assert [c["config"] for c in merged["configs"]] == ["base", "fp8"]
+    assert merged["configs"][1]["exit"] == 0 and merged["max_model_len"] == 16384
+    assert "fp8/base on w400: 1.250x" in knobs_table(merged)
+    assert "exit 1" not in knobs_table(merged)
+    # a measured config is never replaced by a later call's
+    again = merge_knobs([merged, {"configs": [{"config": "base", "runs": [run(1.0)]}]}])
+    assert again["configs"][0]["runs"][0]["out_tok_per_s"] == 100.0
+    assert drift_rows(again["configs"])[0]["compare"] == "base vs base (rerun)"

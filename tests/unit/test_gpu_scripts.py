@@ -24,6 +24,7 @@ SCRIPTS = [
     "run.sh",
     "stage-runbatch.sh",
     "install-runbatch.sh",
+    "bg.sh",
 ]
 REQ = GPU / "requirements-gpu.txt"
 README = GPU / "README.md"
@@ -180,3 +181,33 @@ def test_runbatch_kit_is_pinned_offline_and_wired_into_run_sh() -> None:
     assert "--no-index" in (GPU / "site-lib.sh").read_text()
     assert "qbatch-runbatch" in stage and "qbatch-runbatch" in install
     assert "install-runbatch.sh" in (GPU / "run.sh").read_text()
+
+
+def _bg(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "QBATCH_BG_DIR": str(tmp_path), "FROM_CALLER": "inherited"}
+    return subprocess.run(
+        ["bash", str(GPU / "bg.sh"), *args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def test_bg_job_outlives_its_start_and_reports_its_own_status(tmp_path: Path) -> None:
+    """A phase longer than a device call: `start` returns at once, `wait` says 75 while the
+    job runs and the job's own exit status (not 0) once it has ended."""
+    started = _bg(tmp_path, "start", "job", 'echo "$FROM_CALLER it\'s"; sleep 2; exit 4')
+    assert started.returncode == 0, started.stderr
+    assert _bg(tmp_path, "status", "job").stdout.strip() == "running"
+    early = _bg(tmp_path, "wait", "job", "0")
+    assert early.returncode == 75 and "job running" in early.stdout
+    done = _bg(tmp_path, "wait", "job", "30")
+    assert done.returncode == 4, done.stdout
+    assert "inherited it's" in done.stdout  # the log's tail, the caller's environment
+    assert _bg(tmp_path, "status", "job").stdout.strip() == "exited 4"
+
+
+def test_bg_refuses_unknown_jobs_and_names_that_are_not_file_names(tmp_path: Path) -> None:
+    assert _bg(tmp_path, "wait", "nothing", "1").returncode == 2
+    assert _bg(tmp_path, "start", "../x", "true").returncode == 2
+    assert _bg(tmp_path, "start", "a;b", "true").returncode == 2
+    assert not list(tmp_path.iterdir())
+    assert _bg(tmp_path, "start", "twice", "sleep 5").returncode == 0
+    assert _bg(tmp_path, "start", "twice", "true").returncode == 2  # still running

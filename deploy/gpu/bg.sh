@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# bg.sh - run THERE: a phase longer than one device call (600 s at most) as a detached
+# job that outlives the call, and calls that wait for it. The machine stays lent while
+# calls follow each other (it goes back ~30 s after the last one ends), so send the next
+# `wait` as soon as one returns. Inside run.sh set QBATCH_KEEP_STACK=1, or the call's end
+# stops Kafka and valkey under the job.
+#
+#   bash deploy/gpu/bg.sh start NAME 'command'   # detached (setsid), inherits the environment
+#   bash deploy/gpu/bg.sh wait NAME SECONDS      # until it ends or SECONDS pass
+#   bash deploy/gpu/bg.sh status NAME            # running / exited N / unknown
+#
+# The job's output goes to $QBATCH_BG_DIR/NAME.log (default /tmp/qbatch-bg), its exit
+# status to NAME.rc when it ends. `wait` prints the log's last lines and exits with the
+# job's status when it has ended, 75 (EX_TEMPFAIL) while it still runs, 2 for no such job.
+set -uo pipefail
+
+DIR=${QBATCH_BG_DIR:-/tmp/qbatch-bg}
+usage() {
+  echo "usage: bg.sh start NAME 'command' | wait NAME SECONDS | status NAME" >&2
+  exit 2
+}
+(($# >= 2)) || usage
+action=$1 name=$2
+[[ "$name" =~ ^[A-Za-z0-9_.-]+$ ]] || {
+  echo "bg.sh: NAME must be [A-Za-z0-9_.-]+" >&2
+  exit 2
+}
+log="$DIR/$name.log" rcf="$DIR/$name.rc" pidf="$DIR/$name.pid"
+
+state() {
+  if [[ -f "$rcf" ]]; then
+    echo "exited $(cat "$rcf")"
+  elif [[ -f "$pidf" ]] && kill -0 "$(cat "$pidf")" 2>/dev/null; then
+    echo running
+  elif [[ -f "$pidf" ]]; then
+    echo "exited unknown" # killed before it could write its status
+  else
+    echo unknown
+  fi
+}
+
+case $action in
+  start)
+    (($# == 3)) || usage
+    mkdir -p "$DIR"
+    [[ "$(state)" == running ]] && {
+      echo "bg.sh: $name is already running" >&2
+      exit 2
+    }
+    rm -f "$rcf" "$pidf"
+    # the status file is written by the job's own shell, so a job killed with the
+    # machine leaves none and `status` says so
+    # shellcheck disable=SC2016 # $1 and $2 are the inner shell's
+    setsid nohup bash -c 'bash -c "$1"; echo $? >"$2"' bg "$3" "$rcf" >"$log" 2>&1 </dev/null &
+    echo $! >"$pidf"
+    echo "bg.sh: $name started (pid $!), log $log"
+    ;;
+  wait)
+    (($# == 3)) && [[ "$3" =~ ^[0-9]+$ ]] || usage
+    [[ "$(state)" == unknown ]] && {
+      echo "bg.sh: no job $name" >&2
+      exit 2
+    }
+    until=$((SECONDS + $3))
+    while [[ "$(state)" == running ]] && ((SECONDS < until)); do
+      sleep 2
+    done
+    tail -n 20 "$log" 2>/dev/null
+    s=$(state)
+    echo "bg.sh: $name $s"
+    case $s in
+      running) exit 75 ;;
+      "exited unknown") exit 1 ;;
+      *) exit "${s#exited }" ;;
+    esac
+    ;;
+  status)
+    state
+    ;;
+  *) usage ;;
+esac
