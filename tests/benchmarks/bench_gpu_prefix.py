@@ -189,6 +189,7 @@ def run_summary(name: str, n: int, counts: dict[str, int], elapsed: float) -> di
 
 def phase_raw(out: Path, args: argparse.Namespace) -> None:
     files = _files(out, args)
+    g._wait_for_free_gpu()  # phases chained in one detached job (deploy/gpu/bg.sh)
     started = time.perf_counter()
     engine = _engine("static", args, args.gpu_mem)
     doc: dict[str, Any] = {"engine_start_s": round(time.perf_counter() - started, 1)}
@@ -306,6 +307,7 @@ def phase_qbatch(out: Path, args: argparse.Namespace) -> None:
     doc: dict[str, Any] = {"workers": args.workers, "gpu_memory_utilization": args.gpu_mem}
     doc |= {"warmup": args.warmup, "engine_start_s": [], "kv_cache_tokens": [], "runs": {}}
     engines = []
+    g._wait_for_free_gpu()  # the raw phase's engine, when chained right before this one
     for _ in range(args.workers):  # one after the other: each sizes its KV cache from what is free
         started = time.perf_counter()
         engines.append(_engine("continuous", args, args.gpu_mem))
