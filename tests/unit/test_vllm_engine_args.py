@@ -105,3 +105,40 @@ def test_describe_error_reports_the_causes_of_an_empty_wrapper() -> None:
         text == "EngineGenerateError <- ValueError: grammar compilation failed: unsupported keyword"
     )
     assert describe_error(RuntimeError("plain")) == "RuntimeError: plain"
+
+
+def _sched(kv: float, running: int, waiting: int) -> object:
+    """The three fields of vLLM's SchedulerStats the worker reads."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(kv_cache_usage=kv, num_running_reqs=running, num_waiting_reqs=waiting)
+
+
+def test_two_engines_in_one_process_keep_their_own_scheduler_stats() -> None:
+    """The stat logger vLLM builds for each engine writes to that VllmEngine only (the
+    two-worker benchmark runs two in one process; the last stats used to live on the
+    class, so each engine reported whichever had logged last)."""
+    first = VllmEngine(engine_kwargs(settings()))
+    second = VllmEngine(engine_kwargs(settings()))
+    assert first.stats().running is None  # nothing logged yet: unknown, not zero
+    first._stats_logger(None, 0).record(_sched(0.5, 3, 1), None)
+    second._stats_logger(None, 0).record(_sched(0.9, 7, 4), None)
+    second._stats_logger(None, 0).record(None, None)  # an iteration without scheduler stats
+    assert (first.stats().kv_cache_usage, first.stats().running, first.stats().waiting) == (
+        0.5,
+        3,
+        1,
+    )
+    assert (second.stats().running, second.stats().waiting) == (7, 4)
+
+
+def test_a_data_parallel_engine_adds_requests_and_reads_its_fullest_kv_cache() -> None:
+    from worker.engines.vllm_engine import combined_stats
+
+    engine = VllmEngine(engine_kwargs(settings()))
+    engine._stats_logger(None, 0).record(_sched(0.25, 10, 0), None)
+    engine._stats_logger(None, 1).record(_sched(0.75, 6, 2), None)
+    engine._stats_logger(None, 0).record(_sched(0.5, 12, 1), None)  # the newest of engine 0
+    stats = engine.stats()
+    assert (stats.kv_cache_usage, stats.running, stats.waiting) == (0.75, 18, 3)
+    assert combined_stats([]).kv_cache_usage is None

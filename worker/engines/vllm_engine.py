@@ -235,16 +235,19 @@ def _prompt(request: EngineRequest) -> Any:
 
 
 class _StatsLogger:
-    """Keeps the last scheduler stats for the worker's metrics (vLLM stat-logger API)."""
+    """Keeps one engine's last scheduler stats for the worker's metrics (vLLM's per-engine
+    stat-logger API). Each VllmEngine hands vLLM a factory bound to its own store, keyed
+    by vLLM's engine index: two engines in one process (the two-worker benchmark) or a
+    data-parallel AsyncLLM must not read each other's queue depth, as they did when the
+    last stats lived on the class."""
 
-    latest: Any = None
-
-    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+    def __init__(self, store: dict[int, Any], engine_index: int = 0) -> None:
+        self._store = store
         self.engine_index = engine_index
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kw: Any) -> None:
         if scheduler_stats is not None:
-            _StatsLogger.latest = scheduler_stats
+            self._store[self.engine_index] = scheduler_stats
 
     def log_engine_initialized(self) -> None:
         return
@@ -254,6 +257,19 @@ class _StatsLogger:
 
     def record_sleep_state(self, is_awake: int, level: int) -> None:
         return
+
+
+def combined_stats(latest: Sequence[Any]) -> EngineStats:
+    """One EngineStats from the last scheduler stats of each of an AsyncLLM's engines:
+    requests add up, the KV cache reads as its fullest engine's (the saturation signal
+    the alerts and the admission want)."""
+    if not latest:
+        return EngineStats()
+    return EngineStats(
+        kv_cache_usage=max(float(s.kv_cache_usage) for s in latest),
+        running=sum(int(s.num_running_reqs) for s in latest),
+        waiting=sum(int(s.num_waiting_reqs) for s in latest),
+    )
 
 
 class VllmEngine(Engine):
@@ -272,6 +288,8 @@ class VllmEngine(Engine):
         self._thread: threading.Thread | None = None
         self._static_q: queue.Queue[tuple[Sequence[EngineRequest], OnDone] | None] = queue.Queue()
         self._inflight: set[asyncio.Task[None]] = set()
+        self._scheduler_stats: dict[int, Any] = {}
+        """vLLM engine index -> its last SchedulerStats (_StatsLogger writes them)."""
 
     def _fingerprint_parts(self) -> list[str]:
         names = (
@@ -313,7 +331,7 @@ class VllmEngine(Engine):
             self._llm = AsyncLLM.from_engine_args(
                 AsyncEngineArgs(**_config_objects(self._kwargs)),
                 usage_context=UsageContext.LLM_CLASS,
-                stat_loggers=[_StatsLogger],
+                stat_loggers=[self._stats_logger],
             )
             self._max_model_len = int(self._llm.model_config.max_model_len)
             self._loop = asyncio.new_event_loop()
@@ -405,15 +423,12 @@ class VllmEngine(Engine):
 
     # ------------------------------------------------------------------ stats / close
 
+    def _stats_logger(self, vllm_config: Any, engine_index: int = 0) -> _StatsLogger:
+        """vLLM's per-engine stat-logger factory, bound to this engine's store."""
+        return _StatsLogger(self._scheduler_stats, engine_index)
+
     def stats(self) -> EngineStats:
-        latest = _StatsLogger.latest
-        if latest is None:
-            return EngineStats()
-        return EngineStats(
-            kv_cache_usage=float(latest.kv_cache_usage),
-            running=int(latest.num_running_reqs),
-            waiting=int(latest.num_waiting_reqs),
-        )
+        return combined_stats(list(self._scheduler_stats.values()))
 
     def close(self) -> None:
         if self.mode == "static":
