@@ -694,34 +694,46 @@ def phase_knob(out: Path, name: str, dry: bool, opts: KnobOptions) -> None:
     if drift:
         # twice on the reference engine: its self-agreement is the floor (drift.py)
         doc["drift_max_tokens"] = DRIFT_MAX_TOKENS
-        doc["drift"] = [drift_probe(engine, drift) for _ in range(2 if name == "base" else 1)]
+        probes = [drift_probe(engine, drift, i) for i in range(2 if name == "base" else 1)]
+        doc["drift"] = [outputs for outputs, _ in probes]
+        doc["drift_failed"] = [failed for _, failed in probes]
     _write_json(out / f"knob-{name}.json", doc)
 
 
 DRIFT_MAX_TOKENS = 64
 
 
-def drift_probe(engine: Any, n: int, timeout_s: float = 300) -> dict[str, list[int]]:
+def drift_probe(
+    engine: Any, n: int, probe: int = 0, timeout_s: float = 300
+) -> tuple[dict[str, list[int]], int]:
     """Greedy token ids of n fixed prompts (W's seed 7, 64 tokens each, EOS ignored), all
-    submitted at once straight to the engine: the probe measures the weights' numerics, not
-    the pipeline. Requests with no answer within `timeout_s` are left out."""
+    submitted at once straight to the engine: the probe measures the engine's numerics, not
+    the pipeline. Returns the outputs by request id and how many requests failed; failed or
+    unanswered (within `timeout_s`) requests are left out, so an error never reads as drift.
+    Keys carry the probe's number: a rerun's requests never meet the last one's in vLLM."""
     from worker.engines.base import EngineOutput, EngineRequest, SamplingSpec
 
     spec = SamplingSpec(max_tokens=DRIFT_MAX_TOKENS, temperature=0.0, ignore_eos=True)
     reqs = workload(n, seed=7)
     got: dict[str, list[int]] = {}
+    failed = [0]
     left = threading.Semaphore(0)
 
     def on_done(output: EngineOutput) -> None:
-        got[output.key] = list(output.token_ids or [])
+        if output.finish == "error":
+            failed[0] += 1
+        else:
+            got[output.key.rsplit("/", 1)[0]] = list(output.token_ids or [])
         left.release()
 
-    engine.submit([EngineRequest(r.rid, "", r.prompt, spec) for r in reqs], on_done)
+    engine.submit(
+        [EngineRequest(f"{r.rid}/drift{probe}", "", r.prompt, spec) for r in reqs], on_done
+    )
     until = time.monotonic() + timeout_s
     for _ in reqs:
         if not left.acquire(timeout=max(0.0, until - time.monotonic())):
             break
-    return dict(got)
+    return dict(got), failed[0]
 
 
 _KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
@@ -811,6 +823,10 @@ def phase_knobs(out: Path, names: list[str], dry: bool, budget_s: float, opts: K
             if deadline - time.time() < 120:
                 doc["configs"].append({"config": name, "skipped": "out of time budget"})
                 continue
+            picked = [w for w in KNOBS[name][1] if opts.workloads is None or w in opts.workloads]
+            if not picked and not opts.drift:  # an engine start (80-110 s) for nothing
+                doc["configs"].append({"config": name, "skipped": "none of its workloads picked"})
+                continue
             args = ["knob", name, "--out", str(parts), *opts.argv()] + (
                 ["--engine", "echo"] if dry else []
             )
@@ -833,7 +849,8 @@ def knobs_report(out: Path, doc: dict[str, Any]) -> None:
     rows = drift_rows(doc["configs"])
     if rows:
         doc["drift"] = rows
-        text += "\n\n" + drift_table(rows, DRIFT_MAX_TOKENS)
+        tokens = {c.get("drift_max_tokens") for c in doc["configs"] if c.get("drift")}
+        text += "\n\n" + drift_table(rows, tokens.pop() if len(tokens) == 1 else None)
     _write_json(out / "knobs.json", doc)
     print(text)
     (out / "knobs.md").write_text(text + "\n")

@@ -138,6 +138,7 @@ def _one_cut_request(out: Path, run: str, args: argparse.Namespace) -> dict[str,
 def phase_qbatch(out: Path, args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     make_inputs(out, args.docs, args.doc_tokens, args.long_tokens)
+    g._wait_for_free_gpu()  # an engine of a phase chained right before this one
     started = time.perf_counter()
     engine = g.make_engine("continuous", args.dry, max_model_len=args.context)
     engine.start()
@@ -194,19 +195,23 @@ def _level_prompts(engine: Any, work: Path) -> list[list[tuple[Any, Any]]]:
 def phase_raw(out: Path, args: argparse.Namespace) -> None:
     """`--levels 1` / `--levels 2,3` run part of the job's levels and merge them into the
     raw.json an earlier call left, so a job too long for one device call is measured in
-    two (each level is one `generate` either way; the engine start is outside the timing)."""
+    two (each level is one `generate` either way; the engine start is outside the timing).
+    The prefix cache is reset before every level, split or not, so both give the same."""
+    only = parse_levels(args.levels)  # before the engine: a typo costs no device time
+    path = out / "raw.json"
+    figures: dict[str, Any] = json.loads(path.read_text()) if only and path.exists() else {}
+    g._wait_for_free_gpu()  # the qbatch phase's engine, when chained right before this one
     started = time.perf_counter()
     engine = g.make_engine("static", args.dry, max_model_len=args.context)
     engine.start()
-    path = out / "raw.json"
-    figures: dict[str, Any] = json.loads(path.read_text()) if args.levels and path.exists() else {}
     figures["engine_start_s"] = round(time.perf_counter() - started, 1)
     g.warm_up(engine, args.warmup, "static")
-    only = {int(x) for x in args.levels.split(",")} if args.levels else None
     try:
         for name in ("nightly",) if args.skip_longdoc else ("longdoc", "nightly"):
             levels = _level_prompts(engine, out / f"work-{name}")
-            done = dict(figures.get(name, {}).get("per_level", {})) if only else {}
+            if only and max(only) > len(levels):
+                raise SystemExit(f"{name}: --levels {args.levels}, the job has {len(levels)}")
+            done = kept_levels(figures.get(name, {}), levels) if only else {}
             for number, requests in enumerate(levels, start=1):
                 if only is not None and number not in only:
                     continue
@@ -224,6 +229,37 @@ def phase_raw(out: Path, args: argparse.Namespace) -> None:
     finally:
         engine.close()
     print(json.dumps(figures, indent=2))
+
+
+def parse_levels(text: str) -> set[int] | None:
+    """`--levels`: None for all, else the level numbers (1-based)."""
+    if not text:
+        return None
+    try:
+        levels = {int(x) for x in text.split(",") if x.strip()}
+    except ValueError:
+        raise SystemExit(f"--levels {text!r}: level numbers, e.g. 1 or 2,3") from None
+    if not levels or min(levels) < 1:
+        raise SystemExit(f"--levels {text!r}: level numbers start at 1")
+    return levels
+
+
+def kept_levels(earlier: dict[str, Any], levels: list[list[tuple[Any, Any]]]) -> dict[str, Any]:
+    """The levels an earlier call measured, where they are this job's: same requests and
+    prompt tokens as the round files now (a raw.json of another run must not be mixed in)."""
+    kept = {}
+    for number, row in earlier.get("per_level", {}).items():
+        index = int(number) - 1
+        if index >= len(levels):
+            raise SystemExit(f"raw.json has level {number}; this job has {len(levels)}")
+        requests = levels[index]
+        if (row["requests"], row["prompt_tokens"]) != (
+            len(requests),
+            sum(len(ids) for ids, _ in requests),
+        ):
+            raise SystemExit(f"raw.json's level {number} is not this job's: remove it")
+        kept[number] = row
+    return kept
 
 
 def raw_totals(per_level: dict[str, dict[str, Any]], levels: int) -> dict[str, Any]:

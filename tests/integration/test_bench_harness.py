@@ -107,6 +107,7 @@ def test_knobs_fp8_profile_runs_the_picked_workload_and_the_drift_probe(
     assert all(len(probe) == 6 for probe in configs["base"]["drift"] + configs["fp8"]["drift"])
     assert [row["compare"] for row in doc["drift"]] == ["base vs base (rerun)", "fp8 vs base"]
     assert all(row["n"] == 6 for row in doc["drift"])
+    assert configs["base"]["drift_failed"] == [0, 0] and configs["fp8"]["drift_failed"] == [0]
     assert "Greedy drift (6 prompts of W" in (tmp_path / "knobs.md").read_text()
 
 

@@ -7,9 +7,12 @@ and the scripts agree with each other on paths and names.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 import tomllib
 from pathlib import Path
 
@@ -192,16 +195,39 @@ def _bg(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_bg_job_outlives_its_start_and_reports_its_own_status(tmp_path: Path) -> None:
     """A phase longer than a device call: `start` returns at once, `wait` says 75 while the
-    job runs and the job's own exit status (not 0) once it has ended."""
+    job runs, then names the job's own exit status (1 for any failure, 0 for success)."""
     started = _bg(tmp_path, "start", "job", 'echo "$FROM_CALLER it\'s"; sleep 2; exit 4')
     assert started.returncode == 0, started.stderr
     assert _bg(tmp_path, "status", "job").stdout.strip() == "running"
     early = _bg(tmp_path, "wait", "job", "0")
     assert early.returncode == 75 and "job running" in early.stdout
     done = _bg(tmp_path, "wait", "job", "30")
-    assert done.returncode == 4, done.stdout
+    assert done.returncode == 1, done.stdout
     assert "inherited it's" in done.stdout  # the log's tail, the caller's environment
+    assert done.stdout.splitlines()[-1] == "bg.sh: job exited 4"
     assert _bg(tmp_path, "status", "job").stdout.strip() == "exited 4"
+    # a job that itself exits 75 is never taken for one still running
+    _bg(tmp_path, "start", "odd", "exit 75")
+    assert _bg(tmp_path, "wait", "odd", "08").returncode == 1  # 08: not octal
+    assert _bg(tmp_path, "start", "fine", "true").returncode == 0
+    assert _bg(tmp_path, "wait", "fine", "30").returncode == 0
+
+
+def test_bg_job_is_its_process_group_and_stop_ends_all_of_it(tmp_path: Path) -> None:
+    """An engine's child outliving the job's shell keeps the job `running` (no second
+    engine starts beside it); `stop` ends the whole group."""
+    assert _bg(tmp_path, "start", "grp", "sleep 60 & sleep 60; wait").returncode == 0
+    leader = int((tmp_path / "grp.pid").read_text())
+    time.sleep(0.5)  # the job's shell has started its sleeps
+    os.kill(leader, signal.SIGKILL)  # the job's shell dies, its sleeps live on
+    time.sleep(0.3)
+    assert _bg(tmp_path, "status", "grp").stdout.strip() == "running"
+    assert _bg(tmp_path, "start", "grp", "true").returncode == 2
+    stopped = _bg(tmp_path, "stop", "grp")
+    assert stopped.returncode == 0 and "killed" in stopped.stdout
+    assert _bg(tmp_path, "status", "grp").stdout.strip() == "killed"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(leader, 0)
 
 
 def test_bg_refuses_unknown_jobs_and_names_that_are_not_file_names(tmp_path: Path) -> None:
