@@ -57,7 +57,7 @@ def test_no_rows_without_a_base_probe() -> None:
 
 
 def test_knobs_of_two_calls_merge_and_a_later_measurement_replaces_a_failed_one() -> None:
-    from tests.benchmarks.bench_gpu import knobs_table, merge_knobs
+    from tests.benchmarks.bench_knobs import knobs_table, merge_knobs
 
     def run(tok_s: float) -> dict[str, object]:
         return {"workload": "w400", "req_per_s": 1, "out_tok_per_s": tok_s, "latency_s": {}}
