@@ -72,6 +72,10 @@ class KnobOptions:
     drift: int = 0
     """Prompts of the greedy drift probe (0: none)."""
 
+    def picked(self, config: str) -> list[str]:
+        """The workloads `config` runs: its own, narrowed to `workloads` where given."""
+        return [w for w in KNOBS[config][1] if self.workloads is None or w in self.workloads]
+
     def argv(self) -> list[str]:
         picked = [] if self.workloads is None else ["--workloads", ",".join(self.workloads)]
         return ["--warmup", str(self.warmup), "--drift", str(self.drift), *picked]
@@ -80,8 +84,7 @@ class KnobOptions:
 def phase_knob(out: Path, name: str, dry: bool, opts: KnobOptions) -> None:
     """One knob configuration in this process: start its engine, warm it up, run its
     workloads (those of `opts.workloads` only, where given), then the greedy drift probe."""
-    overrides, own = KNOBS[name]
-    warmup, workloads, drift = opts.warmup, opts.workloads, opts.drift
+    overrides = KNOBS[name][0]
     engine = make_engine("continuous", dry, max_model_len=KNOB_MAX_MODEL_LEN, **overrides)
     t0 = time.perf_counter()
     engine.start()
@@ -90,11 +93,11 @@ def phase_knob(out: Path, name: str, dry: bool, opts: KnobOptions) -> None:
         "engine_overrides": overrides,
         "startup_s": round(time.perf_counter() - t0, 1),
         "kv_cache_tokens": kv_cache_tokens(engine),
-        "warmup": warmup,
+        "warmup": opts.warmup,
         "runs": [],
     }
-    warm_up(engine, warmup, "continuous")
-    for wl in [w for w in own if workloads is None or w in workloads]:
+    warm_up(engine, opts.warmup, "continuous")
+    for wl in opts.picked(name):
         row = run_qbatch(
             engine, KNOB_WORKLOADS[wl](), f"{name}-{wl}", batch_max_size=64, batch_max_wait_ms=50
         )
@@ -102,10 +105,11 @@ def phase_knob(out: Path, name: str, dry: bool, opts: KnobOptions) -> None:
         doc["runs"].append(row)
         print(json.dumps(row), flush=True)
         _write_json(out / f"knob-{name}.json", doc)
-    if drift:
+    if opts.drift:
         # twice on the reference engine: its self-agreement is the floor (drift.py)
         doc["drift_max_tokens"] = DRIFT_MAX_TOKENS
-        probes = [drift_probe(engine, drift, i) for i in range(2 if name == "base" else 1)]
+        runs = 2 if name == "base" else 1
+        probes = [drift_probe(engine, opts.drift, i) for i in range(runs)]
         doc["drift"] = [outputs for outputs, _ in probes]
         doc["drift_failed"] = [failed for _, failed in probes]
     _write_json(out / f"knob-{name}.json", doc)
@@ -156,8 +160,7 @@ def phase_knobs(out: Path, names: list[str], dry: bool, budget_s: float, opts: K
             if deadline - time.time() < 120:
                 doc["configs"].append({"config": name, "skipped": "out of time budget"})
                 continue
-            picked = [w for w in KNOBS[name][1] if opts.workloads is None or w in opts.workloads]
-            if not picked and not opts.drift:  # an engine start (80-110 s) for nothing
+            if not opts.picked(name) and not opts.drift:  # an engine start (80-110 s) for nothing
                 doc["configs"].append({"config": name, "skipped": "none of its workloads picked"})
                 continue
             args = ["knob", name, "--out", str(parts), *opts.argv()] + (
@@ -172,8 +175,7 @@ def phase_knobs(out: Path, names: list[str], dry: bool, budget_s: float, opts: K
                 entry["kv_cache_tokens"] = int(kv[-1].replace(",", ""))
             doc["configs"].append(entry)
             _write_json(out / "knobs.json", doc)
-    _write_json(out / "knobs.json", doc)
-    knobs_report(out, doc)
+    knobs_report(out, doc)  # writes knobs.json once more, with the drift rows
 
 
 def knobs_report(out: Path, doc: dict[str, Any]) -> None:
@@ -198,9 +200,7 @@ def merge_knobs(docs: list[dict[str, Any]]) -> dict[str, Any]:
         for cfg in doc.get("configs", []):
             had = merged.get(cfg["config"])
             if had is None or (not had.get("runs") and cfg.get("runs")):
-                merged[cfg["config"]] = {k: v for k, v in cfg.items() if k != "drift"} | (
-                    {"drift": cfg["drift"]} if cfg.get("drift") else {}
-                )
+                merged[cfg["config"]] = dict(cfg)
     first = docs[0] if docs else {}
     return {"max_model_len": first.get("max_model_len"), "configs": list(merged.values())}
 

@@ -2,10 +2,10 @@
 
 fp8 weights (issue 18) are a throughput profile; what they cost is output drift. The knob
 benchmark decodes the same prompts greedily on each engine and records the token ids;
-this module compares two such recordings. Greedy decoding is not bitwise reproducible on
-a GPU either (the batch's shape changes the kernels' reduction order), so the bf16
-engine is probed twice and its self-agreement is the floor any other configuration is
-read against. Pure: no engine, no GPU, unit-tested in tests/unit/test_bench_drift.py.
+this module compares two such recordings. The bf16 engine is probed twice and its
+self-agreement is the floor any other configuration is read against; both probes are the
+same batch on the same engine, so the floor shows run-to-run nondeterminism, not what a
+different batch shape would change. Pure: no engine, no GPU, unit-tested in tests/unit/test_bench_drift.py.
 """
 
 from __future__ import annotations
