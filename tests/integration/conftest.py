@@ -26,7 +26,13 @@ from redis.cluster import RedisCluster
 
 from schemas import RedisKeys
 from schemas.redis_conn import connect, is_cluster_url
-from tests.integration.cluster_stack import ON_CLUSTER, ClusterStack, cluster_up, parse_exports
+from tests.integration.cluster_stack import (
+    ON_CLUSTER,
+    ClusterStack,
+    cluster_up,
+    parse_exports,
+    run_stack,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACK_SH = REPO_ROOT / "deploy" / "local" / "stack.sh"
@@ -111,6 +117,18 @@ def cluster(cluster_stack: ClusterStack) -> Iterator[tuple[Any, RedisKeys]]:
         if doomed:
             client.delete(*doomed)
         client.close()
+
+
+@pytest.fixture(scope="module")
+def sentinel_url() -> Iterator[str]:
+    """The Sentinel set's `redis+sentinel://` URL (`stack.sh up --redis-sentinel`, started
+    here, idempotent, so a clean clone runs its tests); left whole at the end."""
+    url = parse_exports(run_stack("up", "--redis-sentinel", timeout=300).stdout).get(
+        "QBATCH_REDIS_URL", ""
+    )
+    assert url.startswith("redis+sentinel://"), url
+    yield url
+    run_stack("status", "--sentinel", timeout=60)  # left whole: master, replicas, sentinels
 
 
 @pytest.fixture(scope="session")

@@ -169,6 +169,16 @@ class Lane:
             client.close()
 
 
+def wait_for(what: str, check: Any, timeout: float) -> float:
+    """Seconds until `check()` is true; raises TimeoutError naming `what` after `timeout`."""
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
 def start_worker(
     lane: Lane, *extra: str, log: Path | None = None, metrics_port: int = 0
 ) -> subprocess.Popen[bytes]:

@@ -44,6 +44,7 @@ stack = _shared.stack
 kafka_bootstrap = _shared.kafka_bootstrap
 cluster_stack = _shared.cluster_stack
 redis_client = _shared.redis_client
+sentinel_url = _shared.sentinel_url
 # `prefix` and `redis_url` are also parameter names of the helpers below (ruff F811)
 globals().update(prefix=_shared.prefix, redis_url=_shared.redis_url)
 

@@ -43,6 +43,7 @@ import redis
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.structs import TopicPartition
 
+from tests.integration.workers import wait_for
 from tests.reliability.conftest import (
     EnvLane,
     chat,
@@ -198,15 +199,6 @@ def assigned(path: Path, start: int = 0) -> set[int]:
         elif latest is not None:
             latest -= parts
     return latest or set()
-
-
-def wait_for(what: str, cond: Any, timeout: float) -> float:
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
-    return time.monotonic() - t0
 
 
 # ---------------------------------------------------------------------------- the scenario

@@ -1,0 +1,190 @@
+"""One `SENTINEL FAILOVER` under load against the local Sentinel set
+(`stack.sh up --redis-sentinel`), shared by the integration test (one round, the
+guarantee) and the reliability measurement (many rounds, every setting).
+
+What a switchover can lose: `SENTINEL FAILOVER` promotes a replica while the old master
+is still up. With `min-replicas-to-write 2` the old master refuses writes once the
+promoted replica has left it, so what remains is replication's tail: a result the old
+master acknowledged a moment before the promotion and had not yet sent to that replica.
+Only `--redis-wait-replicas N` with N = every replica closes it (a result counts as
+stored once both replicas have it, so whichever is promoted has it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.sentinel import Sentinel
+
+from schemas import RedisKeys
+from schemas.redis_conn import connect, mget, parse_sentinel_url
+from tests.integration.cluster_stack import run_stack
+from tests.integration.workers import Lane, echo_worker, wait_for
+
+SLOW = ("--echo-delay-ms", "50", "--echo-concurrency", "4")  # ~80 answers a second
+
+
+def master_port(url: str) -> int | None:
+    """The master's port as the sentinels name it now (None while they name none)."""
+    target = parse_sentinel_url(url)
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs={"socket_timeout": 2})
+    try:
+        return int(sentinel.discover_master(target.service)[1])
+    except redis.ConnectionError:  # MasterNotFoundError: the master is down, not yet replaced
+        return None
+    finally:
+        for node in sentinel.sentinels:
+            node.close()
+
+
+def _pairs(reply: list[Any]) -> dict[str, str]:
+    """A flat [k, v, k, v, ...] reply of SENTINEL MASTER / REPLICAS as a dict."""
+    items = [x.decode() if isinstance(x, bytes) else str(x) for x in reply]
+    return dict(zip(items[::2], items[1::2], strict=True))
+
+
+def set_state(url: str, replicas: int = 2) -> str:
+    """ "ok" once every sentinel names the same master, with no failover under way, and
+    sees `replicas` replicas of it with their links up, and the master has them online;
+    else what is not so yet. `stack.sh up` checks less (a replica each sentinel knows):
+    a switchover sent right after the last one ended can pick a replica still syncing,
+    which the sentinels then abort (`-failover-abort-slave-timeout`)."""
+    target = parse_sentinel_url(url)
+    named: set[int] = set()
+    for host, port in target.sentinels:
+        with redis.Redis(host=host, port=port, socket_timeout=2) as sentinel:
+            master = _pairs(sentinel.execute_command("SENTINEL", "MASTER", target.service))
+            if master.get("flags") != "master":
+                return f"sentinel {port}: master flags {master.get('flags')}"
+            named.add(int(master["port"]))
+            seen = [
+                _pairs(r) for r in sentinel.execute_command("SENTINEL", "REPLICAS", target.service)
+            ]
+            good = [
+                r
+                for r in seen
+                if r.get("flags") == "slave"
+                and r.get("master-link-status") == "ok"
+                and r.get("master-port") == master["port"]
+            ]
+            if len(good) != replicas:
+                return f"sentinel {port}: {len(good)} of {len(seen)} replicas in order"
+    if len(named) != 1:
+        return f"the sentinels name {sorted(named)}"
+    (port,) = named
+    with redis.Redis(host=target.sentinels[0][0], port=port, socket_timeout=2) as node:
+        info = node.info("replication")
+    online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+    if info.get("role") != "master" or sum(r.get("state") == "online" for r in online) < replicas:
+        return f"master {port}: {info.get('role')}, {len(online)} replicas"
+    return "ok"
+
+
+def wait_settled(url: str, timeout: float = 90) -> None:
+    last = ""
+
+    def check() -> bool:
+        nonlocal last
+        try:
+            last = set_state(url)
+        except redis.RedisError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        return last == "ok"
+
+    try:
+        wait_for("the sentinel set settled", check, timeout)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}: {last}") from None
+
+
+def log_events(path: Path) -> list[str]:
+    """The `event` of every JSON line of a worker's log, in order."""
+    events = []
+    for line in path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line).get("event") if line.startswith("{") else None
+            if event:
+                events.append(str(event))
+    return events
+
+
+def bodies(tag: str, n: int) -> list[dict[str, Any]]:
+    return [{"messages": [{"role": "user", "content": f"{tag}{i}"}]} for i in range(n)]
+
+
+@dataclass(frozen=True)
+class FailoverRound:
+    """What one switchover under load left behind."""
+
+    old: int
+    new: int
+    submitted: int
+    lost: list[str]
+    """Request ids the worker saw answered (all of them were) whose result is not on the
+    new master once the old one rejoined as its replica."""
+    events: list[str]
+
+
+def failover_under_load(
+    sentinel_url: str,
+    bootstrap: str,
+    log: Path,
+    *,
+    wait_replicas: int | None,
+    n: int = 400,
+    after: int = 40,
+    worker_flags: Sequence[str] = SLOW,
+) -> FailoverRound:
+    """Submits `n` requests to an echo worker (slow by default), fails the master over once `after` are
+    answered, waits for every result, then reads them again through a fresh connection
+    after the set is whole (a client still on the old master would read what it took).
+    Leaves the set whole and the lane's topics and keys deleted."""
+    lane = Lane.on(bootstrap, sentinel_url, "qbrs")
+    lane.create_topics(4)
+    flags = () if wait_replicas is None else ("--redis-wait-replicas", str(wait_replicas))
+    wait_settled(sentinel_url)
+    old = master_port(sentinel_url)
+    if old is None:
+        raise RuntimeError("the sentinels name no master")
+    target = parse_sentinel_url(sentinel_url)
+    host, port = target.sentinels[0]
+    try:
+        with echo_worker(lane, *worker_flags, *flags, log=log), lane.client() as qb:
+            ids = qb.submit_many(bodies("g", n))
+            wait_for(
+                f"{after} results",
+                lambda: sum(r is not None for r in qb.get_many(ids).values()) >= after,
+                timeout=60,
+            )
+            with redis.Redis(host=host, port=port, socket_timeout=5) as sentinel:
+                if not sentinel.execute_command("SENTINEL", "FAILOVER", target.service):
+                    raise RuntimeError("SENTINEL FAILOVER refused")
+            wait_for("a new master", lambda: master_port(sentinel_url) not in (None, old), 60)
+            got = qb.wait_many(ids, timeout=120 + n / 100)
+        unanswered = [rid for rid, r in got.items() if r is None or not r.ok]
+        if unanswered:
+            raise AssertionError(f"{len(unanswered)} of {n} not answered: {unanswered[:5]}")
+        run_stack("up", "--redis-sentinel", timeout=300)
+        fresh = connect(sentinel_url)
+        try:
+            stored = mget(fresh, [RedisKeys(lane.prefix).result(rid) for rid in ids])
+        finally:
+            fresh.close()
+        lost = [rid for rid, raw in zip(ids, stored, strict=True) if raw is None]
+        return FailoverRound(
+            old=old,
+            new=master_port(sentinel_url) or 0,
+            submitted=n,
+            lost=lost,
+            events=log_events(log),
+        )
+    finally:
+        run_stack("up", "--redis-sentinel", timeout=300)
+        lane.clean_redis()
+        lane.delete_topics()
