@@ -102,10 +102,13 @@ def test_a_master_killed_mid_stream_is_failed_over_without_loss(
         done["probe_s"] = time.monotonic() - t0
 
     try:
-        # WAIT 1 after each chunk too (`--redis-wait-replicas`): its pipeline through the
-        # sentinel-managed client, across the failover
+        # WAIT for both replicas after each chunk too (`--redis-wait-replicas 2`): its
+        # pipeline through the sentinel-managed client, across the failover. 1 would leave
+        # a result only the replica not promoted had (the sentinels choose by offsets up to
+        # a second old); 2 costs nothing more here, min-replicas-to-write 2 already stops
+        # writes until the killed node is back
         with (
-            echo_worker(lane, *SLOW, "--redis-wait-replicas", "1", log=log),
+            echo_worker(lane, *SLOW, "--redis-wait-replicas", "2", log=log),
             lane.client() as qb,
         ):
             runner = threading.Thread(target=run_bulk)
