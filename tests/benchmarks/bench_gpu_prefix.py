@@ -57,9 +57,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks import bench_gpu as g
 from tests.benchmarks import bench_runbatch as rb
 from tests.benchmarks import ceiling
+from tests.benchmarks import gpu_harness as h
+from tests.benchmarks import gpu_runs as gr
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET_VS_RAW = 1.4
@@ -189,13 +190,13 @@ def run_summary(name: str, n: int, counts: dict[str, int], elapsed: float) -> di
 
 def phase_raw(out: Path, args: argparse.Namespace) -> None:
     files = _files(out, args)
-    g._wait_for_free_gpu()  # phases chained in one detached job (deploy/gpu/bg.sh)
+    h.wait_for_free_gpu()  # phases chained in one detached job (deploy/gpu/bg.sh)
     started = time.perf_counter()
     engine = _engine("static", args, args.gpu_mem)
     doc: dict[str, Any] = {"engine_start_s": round(time.perf_counter() - started, 1)}
-    doc |= {"gpu_memory_utilization": args.gpu_mem, "kv_cache_tokens": g.kv_cache_tokens(engine)}
+    doc |= {"gpu_memory_utilization": args.gpu_mem, "kv_cache_tokens": h.kv_cache_tokens(engine)}
     doc |= {"warmup": args.warmup, "runs": {}}
-    g.warm_up(engine, args.warmup, "static")
+    gr.warm_up(engine, args.warmup, "static")
     try:
         for name, path in files.items():
             rendered = _rendered(engine, path)
@@ -204,7 +205,7 @@ def phase_raw(out: Path, args: argparse.Namespace) -> None:
             counts = _generate(engine, rendered)
             doc["runs"][name] = run_summary(f"raw {name}", len(rendered), counts,
                                             time.perf_counter() - t0)  # fmt: skip
-            g._write_json(out / "raw.json", doc)
+            h.write_json(out / "raw.json", doc)
             print(json.dumps(doc["runs"][name]), flush=True)
     finally:
         engine.close()
@@ -218,7 +219,7 @@ def _engine(mode: str, args: argparse.Namespace, gpu_mem: float) -> Any:
         # the echo engine measures prompts without a tokenizer: give it the room it needs
         engine = _echo_engine(max(args.max_model_len, 32_768), args.echo_prefix_cache_tokens)
     else:
-        engine = g.make_engine(
+        engine = h.make_engine(
             mode, False, max_model_len=args.max_model_len, gpu_memory_utilization=gpu_mem
         )
     engine.start()
@@ -239,13 +240,13 @@ def _echo_engine(max_model_len: int, prefix_cache_tokens: int) -> Any:
         else:
             print("bench_gpu_prefix: this echo engine simulates no prefix cache", file=sys.stderr)
     return EchoEngine(
-        served_name=rb.SERVED, max_model_len=max_model_len, delay_ms=g.DRY_DELAY_MS, **kwargs
+        served_name=rb.SERVED, max_model_len=max_model_len, delay_ms=h.DRY_DELAY_MS, **kwargs
     )
 
 
 def reset_cache(engine: Any) -> None:
     """vLLM's prefix cache reset (bench_gpu); on the echo engine, its simulated cache emptied."""
-    g.reset_prefix_cache(engine)
+    h.reset_prefix_cache(engine)
     cache = getattr(engine, "prefix_cache", None)
     if cache is not None:
         cache._blocks.clear()
@@ -307,22 +308,22 @@ def phase_qbatch(out: Path, args: argparse.Namespace) -> None:
     doc: dict[str, Any] = {"workers": args.workers, "gpu_memory_utilization": args.gpu_mem}
     doc |= {"warmup": args.warmup, "engine_start_s": [], "kv_cache_tokens": [], "runs": {}}
     engines = []
-    g._wait_for_free_gpu()  # the raw phase's engine, when chained right before this one
+    h.wait_for_free_gpu()  # the raw phase's engine, when chained right before this one
     for _ in range(args.workers):  # one after the other: each sizes its KV cache from what is free
         started = time.perf_counter()
         engines.append(_engine("continuous", args, args.gpu_mem))
         doc["engine_start_s"].append(round(time.perf_counter() - started, 1))
-        doc["kv_cache_tokens"].append(g.kv_cache_tokens(engines[-1]))
+        doc["kv_cache_tokens"].append(h.kv_cache_tokens(engines[-1]))
     for engine in engines:
-        g.warm_up(engine, args.warmup, "continuous")
+        gr.warm_up(engine, args.warmup, "continuous")
     placements: list[str | None] = [p for p in args.placements.split(",") if p]
     if not supports_placement():
         doc["note"] = "qbatch bulk run has no --placement in this checkout: one run, without"
         placements = [None]
     run = f"pfx-{uuid.uuid4().hex[:6]}"
-    g._create_topic(f"bench.{run}")
+    h.create_topic(f"bench.{run}")
     workers = [
-        g._start_worker(e, run, served_model_name=rb.SERVED, worker_id=f"{run}-w{i}")
+        h.start_worker(e, run, served_model_name=rb.SERVED, worker_id=f"{run}-w{i}")
         for i, e in enumerate(engines)
     ]
     try:
@@ -335,7 +336,7 @@ def phase_qbatch(out: Path, args: argparse.Namespace) -> None:
             doc["runs"][name] = _qbatch_run(
                 engines, files[wl], run, name, placement, args.timeout_s
             )
-            g._write_json(path, doc)
+            h.write_json(path, doc)
             print(json.dumps(doc["runs"][name]), flush=True)
     finally:
         for worker, _thread in workers:
@@ -371,13 +372,13 @@ def ratios(raw: dict[str, Any], q: dict[str, Any]) -> dict[str, Any]:
 
 
 def report(out: Path, gpu_name: str | None = None) -> dict[str, Any]:
-    raw = g._load(out / "raw.json").get("runs", {})
+    raw = h.load_json(out / "raw.json").get("runs", {})
     by_workers = {
-        int(p.stem.split("-")[1][:-1]): g._load(p).get("runs", {})
+        int(p.stem.split("-")[1][:-1]): h.load_json(p).get("runs", {})
         for p in sorted(out.glob("qbatch-*w.json"))
     }
-    gpu = gpu_name or g._gpu_name()
-    params = ceiling.model_params(g.MODEL_DIR)
+    gpu = gpu_name or h.gpu_name()
+    params = ceiling.model_params(h.MODEL_DIR)
     lines = [
         "| workers | run | requests | req/s | output tok/s | total tok/s | computed tok/s vs"
         " bf16 ceiling | prefix-cache hit rate | (worker counters) |",
@@ -398,7 +399,7 @@ def report(out: Path, gpu_name: str | None = None) -> dict[str, Any]:
     text = "\n".join(lines) + "\n\n" + json.dumps(summary["ratios"], indent=2)
     print(text)
     (out / "report.md").write_text(text + "\n")
-    g._write_json(out / "summary.json", summary | {"raw": raw, "qbatch": by_workers})
+    h.write_json(out / "summary.json", summary | {"raw": raw, "qbatch": by_workers})
     return summary
 
 
@@ -437,7 +438,7 @@ def main() -> None:
     else:
         report(args.out, args.gpu_name)
         return
-    g.exit_now()
+    h.exit_now()
 
 
 if __name__ == "__main__":

@@ -37,14 +37,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks import bench_gpu as g
+from tests.benchmarks import gpu_harness as h
+from tests.benchmarks import gpu_runs as gr
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _words(seed: int) -> list[str]:
     """Plain lower-case words of the Qwen3 vocabulary that are one token with their space."""
-    vocab = json.loads((g.MODEL_DIR / "vocab.json").read_text(encoding="utf-8"))
+    vocab = json.loads((h.MODEL_DIR / "vocab.json").read_text(encoding="utf-8"))
     words = sorted(
         t[1:] for t in vocab if t.startswith("Ġ") and t[1:].isalpha() and t[1:].islower()
     )
@@ -82,7 +83,7 @@ def _tokenizer_dir(out: Path) -> Path:
 
 def _summarize(out: Path, name: str, run: str, args: argparse.Namespace) -> dict[str, Any]:
     """`qbatch bulk summarize` on `{name}.jsonl` as a subprocess; wall time and totals."""
-    env = g.cli_env(run)
+    env = h.cli_env(run)
     result = out / f"{name}.out.jsonl"
     cmd = [sys.executable, "-m", "producer.cli", "--quiet", "bulk", "summarize",
            str(out / f"{name}.jsonl"), "--out", str(result), "--work-dir", str(out / f"work-{name}"),
@@ -138,25 +139,25 @@ def _one_cut_request(out: Path, run: str, args: argparse.Namespace) -> dict[str,
 def phase_qbatch(out: Path, args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     make_inputs(out, args.docs, args.doc_tokens, args.long_tokens)
-    g._wait_for_free_gpu()  # an engine of a phase chained right before this one
+    h.wait_for_free_gpu()  # an engine of a phase chained right before this one
     started = time.perf_counter()
-    engine = g.make_engine("continuous", args.dry, max_model_len=args.context)
+    engine = h.make_engine("continuous", args.dry, max_model_len=args.context)
     engine.start()
     figures: dict[str, Any] = {"engine_start_s": round(time.perf_counter() - started, 1)}
-    g.warm_up(engine, args.warmup, "continuous")
+    gr.warm_up(engine, args.warmup, "continuous")
     run = f"sum-{uuid.uuid4().hex[:6]}"
-    g._create_topic(f"bench.{run}")
-    worker, thread = g._start_worker(engine, run, served_model_name="Qwen3-14B")
+    h.create_topic(f"bench.{run}")
+    worker, thread = h.start_worker(engine, run, served_model_name="Qwen3-14B")
     try:
         if not args.skip_longdoc:
-            g.reset_prefix_cache(engine)
+            h.reset_prefix_cache(engine)
             figures["longdoc_mapreduce"] = _summarize(out, "longdoc", run, args)
-            g.reset_prefix_cache(engine)
+            h.reset_prefix_cache(engine)
             figures["longdoc_one_cut_request"] = _one_cut_request(out, run, args)
-            g._write_json(out / "qbatch.json", figures)
-        g.reset_prefix_cache(engine)
+            h.write_json(out / "qbatch.json", figures)
+        h.reset_prefix_cache(engine)
         figures["nightly"] = _summarize(out, "nightly", run, args)
-        g._write_json(out / "qbatch.json", figures)
+        h.write_json(out / "qbatch.json", figures)
     finally:
         worker.request_stop()
         thread.join(timeout=120)
@@ -200,12 +201,12 @@ def phase_raw(out: Path, args: argparse.Namespace) -> None:
     only = parse_levels(args.levels)  # before the engine: a typo costs no device time
     path = out / "raw.json"
     figures: dict[str, Any] = json.loads(path.read_text()) if only and path.exists() else {}
-    g._wait_for_free_gpu()  # the qbatch phase's engine, when chained right before this one
+    h.wait_for_free_gpu()  # the qbatch phase's engine, when chained right before this one
     started = time.perf_counter()
-    engine = g.make_engine("static", args.dry, max_model_len=args.context)
+    engine = h.make_engine("static", args.dry, max_model_len=args.context)
     engine.start()
     figures["engine_start_s"] = round(time.perf_counter() - started, 1)
-    g.warm_up(engine, args.warmup, "static")
+    gr.warm_up(engine, args.warmup, "static")
     try:
         for name in ("nightly",) if args.skip_longdoc else ("longdoc", "nightly"):
             levels = _level_prompts(engine, out / f"work-{name}")
@@ -215,7 +216,7 @@ def phase_raw(out: Path, args: argparse.Namespace) -> None:
             for number, requests in enumerate(levels, start=1):
                 if only is not None and number not in only:
                     continue
-                g.reset_prefix_cache(engine)
+                h.reset_prefix_cache(engine)
                 t0 = time.perf_counter()
                 tokens = _generate(engine, requests)
                 done[str(number)] = {
@@ -225,7 +226,7 @@ def phase_raw(out: Path, args: argparse.Namespace) -> None:
                     "completion_tokens": tokens,
                 }
                 figures[name] = raw_totals(done, len(levels))
-                g._write_json(path, figures)
+                h.write_json(path, figures)
     finally:
         engine.close()
     print(json.dumps(figures, indent=2))
@@ -344,7 +345,7 @@ def report(out: Path) -> dict[str, Any]:
         # token-exact on the GPU; the dry engine counts characters, so False there
         "same_prompt_tokens": raw["prompt_tokens"] == night["prompt_tokens"],
     }
-    g._write_json(out / "summary.json", lines)
+    h.write_json(out / "summary.json", lines)
     print(json.dumps(lines, indent=2))
     return lines
 

@@ -25,7 +25,7 @@ import time
 
 from kafka import KafkaConsumer, KafkaProducer
 
-from tests.benchmarks.bench_gpu import percentiles
+from tests.benchmarks.gpu_harness import percentiles
 from tests.integration.workers import BOOTSTRAP, create_topic, delete_topics, unique
 
 

@@ -21,20 +21,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks.bench_gpu import (
-    _KV_LINE,
-    Req,
-    _write_json,
+from tests.benchmarks.drift import drift_rows, drift_table
+from tests.benchmarks.gpu_harness import (
+    KV_LINE,
     kv_cache_tokens,
-    long_workload,
     make_engine,
-    prefix_workload,
     run_child,
+    write_json,
+)
+from tests.benchmarks.gpu_runs import (
+    Req,
+    long_workload,
+    prefix_workload,
     run_qbatch,
     warm_up,
     workload,
 )
-from tests.benchmarks.drift import drift_rows, drift_table
 
 # Engine knobs: one engine per configuration, each measured on the workloads it matters
 # for; "base" is vLLM's defaults under qbatch (LLM-class limits, prefix caching and
@@ -104,7 +106,7 @@ def phase_knob(out: Path, name: str, dry: bool, opts: KnobOptions) -> None:
         row["workload"] = wl
         doc["runs"].append(row)
         print(json.dumps(row), flush=True)
-        _write_json(out / f"knob-{name}.json", doc)
+        write_json(out / f"knob-{name}.json", doc)
     if opts.drift:
         # twice on the reference engine: its self-agreement is the floor (drift.py)
         doc["drift_max_tokens"] = DRIFT_MAX_TOKENS
@@ -112,7 +114,7 @@ def phase_knob(out: Path, name: str, dry: bool, opts: KnobOptions) -> None:
         probes = [drift_probe(engine, opts.drift, i) for i in range(runs)]
         doc["drift"] = [outputs for outputs, _ in probes]
         doc["drift_failed"] = [failed for _, failed in probes]
-    _write_json(out / f"knob-{name}.json", doc)
+    write_json(out / f"knob-{name}.json", doc)
 
 
 DRIFT_MAX_TOKENS = 64
@@ -170,11 +172,11 @@ def phase_knobs(out: Path, names: list[str], dry: bool, budget_s: float, opts: K
             part = parts / f"knob-{name}.json"
             entry = json.loads(part.read_text()) if part.exists() else {"config": name, "runs": []}
             entry["exit"] = rc
-            kv = [m.group(1) for line in lines if (m := _KV_LINE.search(line))]
+            kv = [m.group(1) for line in lines if (m := KV_LINE.search(line))]
             if kv and entry.get("kv_cache_tokens") is None:
                 entry["kv_cache_tokens"] = int(kv[-1].replace(",", ""))
             doc["configs"].append(entry)
-            _write_json(out / "knobs.json", doc)
+            write_json(out / "knobs.json", doc)
     knobs_report(out, doc)  # writes knobs.json once more, with the drift rows
 
 
@@ -186,7 +188,7 @@ def knobs_report(out: Path, doc: dict[str, Any]) -> None:
         doc["drift"] = rows
         tokens = {c.get("drift_max_tokens") for c in doc["configs"] if c.get("drift")}
         text += "\n\n" + drift_table(rows, tokens.pop() if len(tokens) == 1 else None)
-    _write_json(out / "knobs.json", doc)
+    write_json(out / "knobs.json", doc)
     print(text)
     (out / "knobs.md").write_text(text + "\n")
 

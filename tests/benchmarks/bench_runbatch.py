@@ -57,8 +57,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks import bench_gpu as g
 from tests.benchmarks import ceiling
+from tests.benchmarks import gpu_harness as h
+from tests.benchmarks import gpu_runs as gr
 
 REPO = Path(__file__).resolve().parents[2]
 SERVED = "Qwen3-14B"
@@ -116,7 +117,7 @@ def w_chat_lines(
     user text of that many words; every `tools_every`-th line (0: none) offers a tool."""
     rng = random.Random(1000 + seed)
     lines = []
-    for i, req in enumerate(g.workload(n, seed=seed)):
+    for i, req in enumerate(gr.workload(n, seed=seed)):
         line = batch_line(
             f"w{i:05d}",
             [{"role": "user", "content": words_text(rng, words, len(req.prompt))}],
@@ -235,7 +236,7 @@ def bulk_run(
 ) -> tuple[int, float, str]:
     """`qbatch bulk run FILE --out OUT` against the workers of topic `bench.<run>` (prefix
     `<run>`), as a user runs it; (exit status, wall seconds, stderr tail)."""
-    env = g.cli_env(run)
+    env = h.cli_env(run)
     cmd = [sys.executable, "-m", "producer.cli", "--quiet", "bulk", "run", str(file),
            "--out", str(out), "--timeout", str(timeout_s), "--allow-failures", *(extra or [])]  # fmt: skip
     t0 = time.perf_counter()
@@ -264,18 +265,18 @@ def phase_qbatch(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     # dry: the echo engine measures prompts without a tokenizer; give it the room it needs
     mml = max(args.max_model_len, 32_768) if args.dry else args.max_model_len
-    engine = g.make_engine("continuous", args.dry, max_model_len=mml)
+    engine = h.make_engine("continuous", args.dry, max_model_len=mml)
     engine.start()
     doc: dict[str, Any] = {"engine_start_s": round(time.perf_counter() - started, 1)}
-    doc |= {"kv_cache_tokens": g.kv_cache_tokens(engine)} | scheduler_limits(engine)
-    g.warm_up(engine, args.warmup, "continuous")
+    doc |= {"kv_cache_tokens": h.kv_cache_tokens(engine)} | scheduler_limits(engine)
+    gr.warm_up(engine, args.warmup, "continuous")
     doc["warmup"] = args.warmup
     run = f"rb-{uuid.uuid4().hex[:6]}"
-    g._create_topic(f"bench.{run}")
-    worker, thread = g._start_worker(engine, run, served_model_name=SERVED)
+    h.create_topic(f"bench.{run}")
+    worker, thread = h.start_worker(engine, run, served_model_name=SERVED)
     try:
         time.sleep(3 if args.dry else 5)  # the group join, before the clock starts
-        g.reset_prefix_cache(engine)
+        h.reset_prefix_cache(engine)
         result = args.work / "qbatch.out.jsonl"
         rc, wall, err = bulk_run(file, result, run, args.timeout_s, args.qbatch_args.split())
         if rc not in (0, 1):
@@ -287,7 +288,7 @@ def phase_qbatch(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         worker.request_stop()
         thread.join(timeout=120)
         engine.close()
-    g._write_json(out / "qbatch.json", doc)
+    h.write_json(out / "qbatch.json", doc)
     print(json.dumps(doc), flush=True)
     return doc
 
@@ -297,7 +298,7 @@ def runbatch_cmd(args: argparse.Namespace, file: Path, result: Path, variant: st
         module = "tests.benchmarks.runbatch_standin"
     else:
         module = "vllm.entrypoints.openai.run_batch"
-    engine = ["--model", str(g.MODEL_DIR), "--served-model-name", SERVED, "--load-format", "dummy",
+    engine = ["--model", str(h.MODEL_DIR), "--served-model-name", SERVED, "--load-format", "dummy",
               "--dtype", "bfloat16", "--max-model-len", str(args.max_model_len),
               "--gpu-memory-utilization", "0.9", *args.runbatch_args.split()]  # fmt: skip
     return [sys.executable, "-m", module, "-i", str(file), "-o", str(result), *engine,
@@ -312,7 +313,7 @@ def run_runbatch(out: Path, args: argparse.Namespace, variant: str) -> dict[str,
     cmd = runbatch_cmd(args, file, result, variant)
     triton = Path.home() / ".triton" / "cache"
     warm = triton.is_dir() and any(triton.iterdir())
-    g._wait_for_free_gpu()
+    h.wait_for_free_gpu()
     lines: list[tuple[float, str]] = []
     t0 = time.perf_counter()
     with (out / f"runbatch-{variant}.log").open("w") as log:
@@ -339,7 +340,7 @@ def run_runbatch(out: Path, args: argparse.Namespace, variant: str) -> dict[str,
     doc["triton_cache_warm_before"] = warm
     doc["standin"] = bool(args.dry)
     doc |= progress_timing(lines)
-    kv = [m.group(1) for _, line in lines if (m := g._KV_LINE.search(line))]
+    kv = [m.group(1) for _, line in lines if (m := h.KV_LINE.search(line))]
     doc["kv_cache_tokens"] = int(kv[-1].replace(",", "")) if kv else None
     mnbt = [m.group(1) for _, line in lines if (m := _MNBT.search(line))]
     doc["max_num_batched_tokens"] = int(mnbt[-1]) if mnbt else None
@@ -349,7 +350,7 @@ def run_runbatch(out: Path, args: argparse.Namespace, variant: str) -> dict[str,
     else:
         doc["error"] = "no output file or no progress line: see " + f"runbatch-{variant}.log"
         print("\n".join(line for _, line in lines[-30:]), file=sys.stderr)
-    g._wait_for_free_gpu()
+    h.wait_for_free_gpu()
     return doc
 
 
@@ -406,12 +407,12 @@ def _finished(lines: list[tuple[float, str]]) -> bool:
 
 def phase_runbatch(out: Path, args: argparse.Namespace) -> None:
     path = out / "runbatch.json"
-    doc = g._load(path) or {"runs": {}}
+    doc = h.load_json(path) or {"runs": {}}
     for variant in [v for v in args.variants.split(",") if v]:
         if variant not in VARIANTS:
             raise SystemExit(f"unknown variant {variant!r}: {sorted(VARIANTS)}")
         doc["runs"][variant] = run_runbatch(out, args, variant)
-        g._write_json(path, doc)
+        h.write_json(path, doc)
         print(json.dumps(doc["runs"][variant]), flush=True)
 
 
@@ -426,9 +427,9 @@ def _input(args: argparse.Namespace) -> Path:
 
 
 def report(out: Path, gpu_name: str | None = None) -> dict[str, Any]:
-    q, rb = g._load(out / "qbatch.json"), g._load(out / "runbatch.json").get("runs", {})
-    gpu = gpu_name or g._gpu_name()
-    params = ceiling.model_params(g.MODEL_DIR)
+    q, rb = h.load_json(out / "qbatch.json"), h.load_json(out / "runbatch.json").get("runs", {})
+    gpu = gpu_name or h.gpu_name()
+    params = ceiling.model_params(h.MODEL_DIR)
     rows = [("qbatch bulk run", q)] + [(f"run-batch {v}", r) for v, r in sorted(rb.items())]
     table = [
         "| run | engine start s | wall s | processing s | lines answered | tool lines answered"
@@ -471,7 +472,7 @@ def report(out: Path, gpu_name: str | None = None) -> dict[str, Any]:
     print(text)
     (out / "report.md").write_text(text + "\n")
     summary = {"device": gpu, "qbatch": q, "runbatch": rb, "ratios": ratios, "targets": targets}
-    g._write_json(out / "summary.json", summary)
+    h.write_json(out / "summary.json", summary)
     return summary
 
 
@@ -508,7 +509,7 @@ def main() -> None:
         phase_runbatch(args.out, args)
     if args.phase in ("report", "all"):
         report(args.out, args.gpu_name)
-    g.exit_now()
+    h.exit_now()
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def test_p_prefix_is_2000_tokens_of_the_qwen3_tokenizer(words: list[str], tmp_pa
 
 
 def test_w_chat_lines_keep_ws_lengths_and_tools_every_tenth(words: list[str]) -> None:
-    from tests.benchmarks.bench_gpu import workload
+    from tests.benchmarks.gpu_runs import workload
 
     lines = rb.w_chat_lines(100, words)
     w = workload(100)

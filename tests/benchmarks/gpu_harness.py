@@ -1,0 +1,310 @@
+"""What every GPU benchmark phase shares: the engines (vLLM with dummy weights, or the echo
+engine for a dry run on the CPU), the local stack (Kafka topics, workers sharing a loaded
+engine, Redis), the GPU machine (its name, its free memory, child phases that must give
+it back) and the JSON the phases leave behind.
+
+bench_gpu, bench_knobs, bench_gpu_prefix, bench_gpu_summarize and bench_runbatch build
+their phases on these; nothing here measures anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_DIR = REPO / "tests" / "fixtures" / "qwen3-14b"
+DRY_DELAY_MS = 20.0  # the echo engine's answer time in dry runs
+
+
+# ---------------------------------------------------------------------------- engines
+
+
+def engine_kwargs(**overrides: Any) -> dict[str, Any]:
+    from worker.config import WorkerSettings
+    from worker.engines.vllm_engine import engine_kwargs as from_settings
+
+    fields: dict[str, Any] = {
+        "engine": "vllm",
+        "model": str(MODEL_DIR),
+        "served_model_name": "Qwen3-14B",
+        "load_format": "dummy",
+        "dtype": "bfloat16",
+        "max_model_len": 4096,
+        "gpu_memory_utilization": 0.9,
+    }
+    fields.update(overrides)
+    return from_settings(WorkerSettings(**fields))
+
+
+def make_engine(mode: str, dry: bool, **overrides: Any) -> Any:
+    if dry:
+        from worker.engines.echo import EchoEngine
+
+        return EchoEngine(
+            served_name="Qwen3-14B",
+            max_model_len=int(overrides.get("max_model_len", 4096)),
+            delay_ms=DRY_DELAY_MS,
+        )
+    from worker.engines.vllm_engine import VllmEngine
+
+    return VllmEngine(engine_kwargs(**overrides), mode=mode)
+
+
+def kv_cache_tokens(engine: Any) -> int | None:
+    """The engine's KV cache capacity in tokens, where this vLLM version tells it (AsyncLLM
+    holds `vllm_config`, the offline `LLM` under `llm_engine`: raw.json of 2026-12-06 had
+    null here)."""
+    try:
+        llm = engine._llm
+        config = getattr(llm, "vllm_config", None) or llm.llm_engine.vllm_config
+        cache = config.cache_config
+        return int(cache.num_gpu_blocks) * int(cache.block_size)
+    except (AttributeError, TypeError):
+        return None
+
+
+def reset_prefix_cache(engine: Any) -> None:
+    """Forget the KV blocks earlier runs left behind, so that no run is served from the
+    prefix cache of another. (The previous session's wait sweep ran the same prompts
+    three times and credited the cache hits of the 2nd and 3rd runs to their settings;
+    its B16 ran the prompts B64 had just run.)"""
+    llm = getattr(engine, "_llm", None)
+    if llm is None:
+        return
+    loop = getattr(engine, "_loop", None)
+    if loop is not None:  # AsyncLLM: a coroutine, on the engine's loop
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(llm.reset_prefix_cache(), loop).result(60)
+    else:
+        llm.reset_prefix_cache()
+
+
+class KeepOpen:
+    """Lets one loaded engine serve several worker runs (the worker closes its engine)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def close(self) -> None:
+        return
+
+
+# ---------------------------------------------------------------------------- the stack
+
+
+def bootstrap() -> str:
+    return os.environ.get("QBATCH_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+
+
+def redis_url() -> str:
+    return os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def redis_client() -> Any:
+    """A client for QBATCH_REDIS_URL: one Redis, or a Redis Cluster (redis+cluster://)."""
+    from schemas.redis_conn import connect
+
+    return connect(redis_url())
+
+
+def keys_for(prefix: str) -> Any:
+    """The contract's key names under `prefix` (hash-tagged on a Redis Cluster)."""
+    from schemas import RedisKeys
+    from schemas.redis_conn import is_cluster_url
+
+    return RedisKeys(prefix, cluster=is_cluster_url(redis_url()))
+
+
+def mget_all(client: Any, keys: list[str]) -> list[Any]:
+    from schemas.redis_conn import mget
+
+    return mget(client, keys)
+
+
+def create_topic(topic: str) -> None:
+    """A run's requests topic and its bulk lane's (the worker subscribes to both)."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap().split(","))
+    # Replicated where there are brokers to replicate to (a cluster's min.insync.replicas=2
+    # refuses acks=all writes to a topic of one replica).
+    replication = min(3, len(admin.describe_cluster()["brokers"]))
+    admin.create_topics(
+        [NewTopic(topic, 8, replication), NewTopic(f"{topic}.bulk", 8, replication)]
+    )
+    admin.close()
+
+
+def start_worker(engine: Any, run: str, **worker_settings: Any) -> tuple[Any, threading.Thread]:
+    """A worker on topic `bench.<run>`, key prefix `<run>`, sharing the loaded engine."""
+    from worker.config import WorkerSettings
+    from worker.service import build_worker
+
+    topic = f"bench.{run}"
+    settings = WorkerSettings(
+        engine="vllm",
+        model=str(MODEL_DIR),
+        topic=topic,
+        bulk_topic=f"{topic}.bulk",
+        dlq_topic=f"{topic}.dlq",
+        group=f"{run}-workers",
+        prefix=run,
+        metrics_port=0,
+        dead_letter=False,
+        log_level="warning",
+        **worker_settings,
+    )
+    worker = build_worker(settings, KeepOpen(engine))  # type: ignore[arg-type]
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return worker, thread
+
+
+def cli_env(run: str) -> dict[str, str]:
+    """The environment of a `qbatch` CLI subprocess aimed at the workers of topic
+    `bench.<run>` (bulk lane `bench.<run>.bulk`, key prefix `<run>`), this repo first."""
+    env = dict(os.environ)
+    env.update(
+        QBATCH_TOPIC=f"bench.{run}",
+        QBATCH_BULK_TOPIC=f"bench.{run}.bulk",
+        QBATCH_PREFIX=run,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+    )
+    return env
+
+
+# ---------------------------------------------------------------------------- the GPU machine
+
+
+KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+
+
+def nvidia_smi(field: str) -> list[str]:
+    """One value per GPU of `nvidia-smi --query-gpu=FIELD`; empty where there is none."""
+    try:
+        text = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def gpu_memory_used_mib() -> int | None:
+    values = nvidia_smi("memory.used")
+    try:
+        return sum(int(x) for x in values) if values else None
+    except ValueError:
+        return None
+
+
+def wait_for_free_gpu(timeout_s: float = 60) -> None:
+    """The driver frees a dead process's memory within seconds; the next engine sizes its
+    KV cache from what is free, so it must not start before that."""
+    until = time.time() + timeout_s
+    while time.time() < until:
+        used = gpu_memory_used_mib()
+        if used is None or used < 4096:
+            return
+        time.sleep(1)
+
+
+def gpu_name() -> str:
+    names = nvidia_smi("name")
+    return f"{len(names)}x {names[0]}" if names else "no GPU"
+
+
+def run_child(args: list[str], log: Any, deadline: float) -> tuple[int | None, list[str]]:
+    """This module in a child process group; its output into `log` and our stdout.
+
+    Killed (the engine-core processes with it) at `deadline`; returns its exit status
+    (None when killed) and the lines it printed.
+    """
+    wait_for_free_gpu()
+    cmd = [sys.executable, "-m", "tests.benchmarks.bench_gpu", *args]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            log.write(line)
+            log.flush()
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    pumper = threading.Thread(target=pump, daemon=True)
+    pumper.start()
+    try:
+        rc: int | None = proc.wait(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        rc = None
+        print(f"bench_gpu: {' '.join(args)} ran out of time: killed", flush=True)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    pumper.join(timeout=10)
+    wait_for_free_gpu()  # for whatever runs next, in this process or after it
+    return rc, lines
+
+
+def exit_now() -> NoReturn:
+    """End a phase whose results are on disk. vLLM's engine teardown at interpreter exit
+    can hang for minutes (seen with the LLM class): do not spend device time waiting for
+    it, but do not leave the engine-core process holding the GPU for the next phase."""
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(10)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def percentiles(values: list[float], digits: int = 3) -> dict[str, float]:
+    if not values:
+        return {}
+    if len(values) == 1:
+        v = round(values[0], digits)
+        return {"p50": v, "p90": v, "p99": v}
+    qs = statistics.quantiles(values, n=100, method="inclusive")
+    return {k: round(qs[i], digits) for k, i in (("p50", 49), ("p90", 89), ("p99", 98))}
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
