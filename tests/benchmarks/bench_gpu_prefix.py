@@ -227,7 +227,7 @@ def _engine(mode: str, args: argparse.Namespace, gpu_mem: float) -> Any:
 
 
 def _echo_engine(max_model_len: int, prefix_cache_tokens: int) -> Any:
-    """bench_gpu's dry-run echo engine, with the simulated prefix cache of issue 18 where
+    """gpu_harness's dry-run echo engine, with the simulated prefix cache of issue 18 where
     this checkout's echo engine has one (`prefix_cache_tokens`); a note otherwise."""
     import inspect
 
@@ -245,7 +245,7 @@ def _echo_engine(max_model_len: int, prefix_cache_tokens: int) -> Any:
 
 
 def reset_cache(engine: Any) -> None:
-    """vLLM's prefix cache reset (bench_gpu); on the echo engine, its simulated cache emptied."""
+    """vLLM's prefix cache reset (gpu_harness); on the echo engine, its simulated cache emptied."""
     h.reset_prefix_cache(engine)
     cache = getattr(engine, "prefix_cache", None)
     if cache is not None:

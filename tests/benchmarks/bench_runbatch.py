@@ -113,7 +113,7 @@ def batch_line(custom_id: str, messages: list[dict[str, Any]], max_tokens: int) 
 def w_chat_lines(
     n: int, words: list[str], tools_every: int = 10, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """Workload W as chat lines: W's prompt and output lengths (bench_gpu.workload),
+    """Workload W as chat lines: W's prompt and output lengths (gpu_runs.workload),
     user text of that many words; every `tools_every`-th line (0: none) offers a tool."""
     rng = random.Random(1000 + seed)
     lines = []

@@ -3,8 +3,9 @@ engine for a dry run on the CPU), the local stack (Kafka topics, workers sharing
 engine, Redis), the GPU machine (its name, its free memory, child phases that must give
 it back) and the JSON the phases leave behind.
 
-bench_gpu, bench_knobs, bench_gpu_prefix, bench_gpu_summarize and bench_runbatch build
-their phases on these; nothing here measures anything.
+gpu_runs, bench_gpu, bench_gpu_latency, bench_knobs, bench_gpu_prefix,
+bench_gpu_summarize, bench_runbatch and bench_kafka_hop build on these; nothing here
+measures anything.
 """
 
 from __future__ import annotations
@@ -234,7 +235,8 @@ def gpu_name() -> str:
 
 
 def run_child(args: list[str], log: Any, deadline: float) -> tuple[int | None, list[str]]:
-    """This module in a child process group; its output into `log` and our stdout.
+    """bench_gpu's CLI with `args` (a phase: the knob and full phases run each engine
+    this way) in a child process group; its output into `log` and our stdout.
 
     Killed (the engine-core processes with it) at `deadline`; returns its exit status
     (None when killed) and the lines it printed.

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from redis.sentinel import SentinelConnectionPool
 
 from schemas import RedisKeys
-from schemas.redis_conn import FailoverRedis, connect
+from schemas.redis_conn import FailoverRedis, connect, parse_sentinel_url
 from tests.integration.cluster_stack import run_stack
 from tests.integration.sentinel_failover import (
     SLOW,
@@ -104,9 +105,9 @@ def test_a_master_killed_mid_stream_is_failed_over_without_loss(
     try:
         # WAIT for both replicas after each chunk too (`--redis-wait-replicas 2`): its
         # pipeline through the sentinel-managed client, across the failover. 1 would leave
-        # a result only the replica not promoted had (the sentinels choose by offsets up to
-        # a second old); 2 costs nothing more here, min-replicas-to-write 2 already stops
-        # writes until the killed node is back
+        # a result only the replica not promoted had (the sentinels choose by replication
+        # offsets that may be stale); 2 costs nothing more here: min-replicas-to-write 2
+        # already stops writes until the killed node is back
         with (
             echo_worker(lane, *SLOW, "--redis-wait-replicas", "2", log=log),
             lane.client() as qb,
@@ -162,15 +163,39 @@ def test_a_sentinel_failover_under_load_loses_no_result(
 ) -> None:
     """`SENTINEL FAILOVER` while the worker writes: the old master stays a master for
     seconds after its replica is promoted. With Redis' defaults most writes taken there
-    were acknowledged and then dropped; `min-replicas-to-write 2` makes it refuse them
-    once the promoted replica left it. What remains is replication's tail: a result the
-    old master acknowledged a moment before the promotion, which the promoted replica
-    never received (the likely cause of a CI run losing 4 of 400). `--redis-wait-replicas 2` (every
-    replica) closes it: a result counts as stored only once both replicas have it, so
-    whichever is promoted has it, and no result is lost."""
+    were acknowledged and then dropped; `min-replicas-to-write 2` (checked below) makes it
+    refuse them once the promoted replica left it. What remains is replication's tail: a
+    result the promoted replica had not yet applied when it was promoted (the likely cause
+    of a CI run losing 4 of 400). `--redis-wait-replicas 2` (every replica) closes that
+    for one failover of a healthy set: a result counts as stored only once both replicas
+    have it, so whichever is promoted has it, and no result is lost."""
     rnd = failover_under_load(
         sentinel_url, stack.kafka_bootstrap, tmp_path / "worker.log", wait_replicas=2
     )
     assert not rnd.lost, f"{len(rnd.lost)} of {rnd.submitted} results lost: {rnd.lost[:5]}"
     assert_paused_and_resumed(tmp_path / "worker.log")
     print(f"SENTINEL FAILOVER {rnd.old} -> {rnd.new}: 0 of {rnd.submitted} lost")
+
+
+def test_every_data_node_refuses_writes_without_both_replicas(sentinel_url: str) -> None:
+    """The set the docs describe: `min-replicas-to-write 2` on the master and on both
+    replicas (a replica keeps it for when it is promoted). The failover tests above wait
+    for both replicas themselves, so without this check the setting could go and CI would
+    not notice, though it alone keeps the old master from taking writes after a
+    `SENTINEL FAILOVER`."""
+    target = parse_sentinel_url(sentinel_url)
+    host, port = target.sentinels[0]
+    with redis.Redis(host=host, port=port, socket_timeout=5, decode_responses=True) as sentinel:
+        master = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", target.service)
+        replicas = sentinel.execute_command("SENTINEL", "REPLICAS", target.service)
+    nodes = [(master[0], int(master[1]))]
+    for reply in replicas:
+        fields = dict(zip(reply[::2], reply[1::2], strict=True))
+        nodes.append((fields["ip"], int(fields["port"])))
+    assert len(nodes) == 3, nodes
+    for ip, node_port in nodes:
+        with redis.Redis(host=ip, port=node_port, socket_timeout=5, decode_responses=True) as node:
+            assert node.config_get("min-replicas-to-write") == {"min-replicas-to-write": "2"}, (
+                ip,
+                node_port,
+            )
