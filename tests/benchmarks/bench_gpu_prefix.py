@@ -249,7 +249,7 @@ def reset_cache(engine: Any) -> None:
     h.reset_prefix_cache(engine)
     cache = getattr(engine, "prefix_cache", None)
     if cache is not None:
-        cache._blocks.clear()
+        cache.clear()
 
 
 def supports_placement() -> bool:

@@ -45,7 +45,7 @@ def master_port(url: str) -> int | None:
             node.close()
 
 
-def _pairs(reply: list[Any]) -> dict[str, str]:
+def sentinel_fields(reply: list[Any]) -> dict[str, str]:
     """A flat [k, v, k, v, ...] reply of SENTINEL MASTER / REPLICAS as a dict."""
     items = [x.decode() if isinstance(x, bytes) else str(x) for x in reply]
     return dict(zip(items[::2], items[1::2], strict=True))
@@ -61,12 +61,13 @@ def set_state(url: str, replicas: int = 2) -> str:
     named: set[tuple[str, int]] = set()
     for host, port in target.sentinels:
         with redis.Redis(host=host, port=port, socket_timeout=2) as sentinel:
-            master = _pairs(sentinel.execute_command("SENTINEL", "MASTER", target.service))
+            master = sentinel_fields(sentinel.execute_command("SENTINEL", "MASTER", target.service))
             if master.get("flags") != "master":
                 return f"sentinel {port}: master flags {master.get('flags')}"
             named.add((master["ip"], int(master["port"])))
             seen = [
-                _pairs(r) for r in sentinel.execute_command("SENTINEL", "REPLICAS", target.service)
+                sentinel_fields(r)
+                for r in sentinel.execute_command("SENTINEL", "REPLICAS", target.service)
             ]
             good = [
                 r
@@ -137,19 +138,17 @@ class FailoverRound:
 def _missing_on_master(url: str, keys: list[str], timeout: float) -> set[str]:
     """The keys the master does not hold, read through a fresh connection (found by asking
     the sentinels anew) until none is missing or `timeout` has passed."""
-    missing = set(keys)
+    missing = sorted(keys)
     deadline = time.monotonic() + timeout
-    while missing:
+    while True:
         fresh = connect(url)
         try:
-            ordered = sorted(missing)
-            missing = {k for k, v in zip(ordered, mget(fresh, ordered), strict=True) if v is None}
+            missing = [k for k, v in zip(missing, mget(fresh, missing), strict=True) if v is None]
         finally:
             fresh.close()
         if not missing or time.monotonic() > deadline:
-            break
+            return set(missing)
         time.sleep(0.5)
-    return missing
 
 
 def failover_under_load(

@@ -30,6 +30,7 @@ from tests.integration.sentinel_failover import (
     failover_under_load,
     log_events,
     master_port,
+    sentinel_fields,
 )
 from tests.integration.workers import Lane, echo_worker, qbatch, wait_for
 
@@ -189,9 +190,7 @@ def test_every_data_node_refuses_writes_without_both_replicas(sentinel_url: str)
         master = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", target.service)
         replicas = sentinel.execute_command("SENTINEL", "REPLICAS", target.service)
     nodes = [(master[0], int(master[1]))]
-    for reply in replicas:
-        fields = dict(zip(reply[::2], reply[1::2], strict=True))
-        nodes.append((fields["ip"], int(fields["port"])))
+    nodes += [(f["ip"], int(f["port"])) for f in map(sentinel_fields, replicas)]
     assert len(nodes) == 3, nodes
     for ip, node_port in nodes:
         with redis.Redis(host=ip, port=node_port, socket_timeout=5, decode_responses=True) as node:
