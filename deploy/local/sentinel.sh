@@ -133,22 +133,33 @@ EOF
   fi
 }
 
-# "ok", or what is missing: every sentinel names one master, sees it up, knows a replica
-# and the two other sentinels; that master has both replicas, their links up
+# sentinel_state: "ok" once every sentinel names the same master (flags exactly `master`:
+# no failover under way), knows the 2 other sentinels, and sees all SN_NODES - 1 replicas
+# of that master with flags `slave` and master-link-status ok, and the master has them
+# connected; else what is not so yet. A set where a sentinel still sees a replica's link
+# as `err` (its view lags the replica's own) would abort a switchover sent now
+# (-failover-abort-slave-timeout), so `up` and `status` wait for the sentinels' view too.
 sentinel_state() {
-  local p m="" mine info flags others replicas link
+  local p m="" mine info flags others good link
   for p in $(ss_ports); do
     info="$(cr_cli "$p" sentinel master "$SN_SERVICE" | paste - -)"
     [[ -n "$info" ]] || { echo "sentinel $p does not answer"; return 0; }
     mine="$(awk '$1 == "port" { print $2 }' <<<"$info")"
     flags="$(awk '$1 == "flags" { print $2 }' <<<"$info")"
     others="$(awk '$1 == "num-other-sentinels" { print $2 }' <<<"$info")"
-    replicas="$(awk '$1 == "num-slaves" { print $2 }' <<<"$info")"
     [[ -z "$m" || "$m" == "$mine" ]] || { echo "sentinels disagree: $m / $mine"; return 0; }
     m="$mine"
     [[ "$flags" == master ]] || { echo "sentinel $p: master $m flags=$flags"; return 0; }
     [[ "$others" == 2 ]] || { echo "sentinel $p knows $others other sentinels"; return 0; }
-    [[ "${replicas:-0}" -ge 1 ]] || { echo "sentinel $p knows no replica"; return 0; }
+    # SENTINEL REPLICAS: one flat field/value list per replica, each starting at `name`
+    good="$(cr_cli "$p" sentinel replicas "$SN_SERVICE" | paste - - | awk -v m="$m" '
+      function done_one() { if (seen && f == "slave" && l == "ok" && mp == m) n++ }
+      $1 == "name" { done_one(); seen = 1; f = l = mp = "" }
+      $1 == "flags" { f = $2 }
+      $1 == "master-link-status" { l = $2 }
+      $1 == "master-port" { mp = $2 }
+      END { done_one(); print n + 0 }')"
+    ((good == SN_NODES - 1)) || { echo "sentinel $p sees $good of $((SN_NODES - 1)) replicas in order"; return 0; }
   done
   [[ "$(cr_cli "$m" info replication | sed -n 's/^connected_slaves://p')" -ge $((SN_NODES - 1)) ]] 2>/dev/null ||
     { echo "master $m lacks a connected replica"; return 0; }

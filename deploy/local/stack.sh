@@ -393,9 +393,12 @@ kafka_healthy() { # $1 = timeout seconds
 
 wait_kafka() {
   local deadline=$((SECONDS + KAFKA_START_TIMEOUT))
-  # wait for the port first (cheap), watching that the JVM stays alive
+  # wait for the port first (cheap), watching that the JVM stays alive. Only the pid
+  # we just wrote is checked, not kafka_pid's command line: until the forked shell has
+  # exec'd java, that line still reads `bash stack.sh`, and a first check landing there
+  # declared a starting broker dead (seen 2026-12-06 on a fresh machine)
   while ((SECONDS < deadline)); do
-    if [[ -z "$(kafka_pid)" ]]; then
+    if ! pid_alive "$(read_pid "$K_PID")"; then
       tail_log "$K_DIR/logs/kafka.out"
       tail_log "$K_DIR/logs/server.log"
       die "kafka exited during startup (logs: $K_DIR/logs)"
@@ -637,7 +640,7 @@ wait_ck_port() { # node deadline(SECONDS)
   d="$(ck_dir "$n")"
   p=$((CK_PORT + n - 1))
   until port_open "$p"; do
-    if [[ -z "$(ck_pid "$n")" ]]; then
+    if ! pid_alive "$(read_pid "$d/kafka.pid")"; then
       tail_log "$d/logs/kafka.out"
       tail_log "$d/logs/server.log"
       die "cluster Kafka node $n exited during startup (logs: $d/logs)"

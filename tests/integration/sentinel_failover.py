@@ -51,55 +51,22 @@ def sentinel_fields(reply: list[Any]) -> dict[str, str]:
     return dict(zip(items[::2], items[1::2], strict=True))
 
 
-def set_state(url: str, replicas: int = 2) -> str:
-    """ "ok" once every sentinel names the same master, with no failover under way, and
-    sees `replicas` replicas of it with their links up, and the master has them online;
-    else what is not so yet. `stack.sh up` checks less (a replica each sentinel knows):
-    a switchover sent right after the last one ended can pick a replica still syncing,
-    which the sentinels then abort (`-failover-abort-slave-timeout`)."""
-    target = parse_sentinel_url(url)
-    named: set[tuple[str, int]] = set()
-    for host, port in target.sentinels:
-        with redis.Redis(host=host, port=port, socket_timeout=2) as sentinel:
-            master = sentinel_fields(sentinel.execute_command("SENTINEL", "MASTER", target.service))
-            if master.get("flags") != "master":
-                return f"sentinel {port}: master flags {master.get('flags')}"
-            named.add((master["ip"], int(master["port"])))
-            seen = [
-                sentinel_fields(r)
-                for r in sentinel.execute_command("SENTINEL", "REPLICAS", target.service)
-            ]
-            good = [
-                r
-                for r in seen
-                if r.get("flags") == "slave"
-                and r.get("master-link-status") == "ok"
-                and r.get("master-port") == master["port"]
-            ]
-            if len(good) != replicas:
-                return f"sentinel {port}: {len(good)} of {len(seen)} replicas in order"
-    if len(named) != 1:
-        return f"the sentinels name {sorted(named)}"
-    ((ip, port),) = named
-    with redis.Redis(host=ip, port=port, socket_timeout=2) as node:
-        info = node.info("replication")
-    links = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
-    online = sum(r.get("state") == "online" for r in links)
-    if info.get("role") != "master" or online != replicas:
-        return f"master {port}: {info.get('role')}, {online} replicas online"
-    return "ok"
-
-
-def wait_settled(url: str, timeout: float = 90) -> None:
+def wait_settled(timeout: float = 90) -> None:
+    """Waits until `stack.sh status --sentinel` says the set is ok: every sentinel names
+    the same master with no failover under way and sees both replicas with their links
+    up, and the master has them online. A switchover sent before the sentinels' view has
+    caught up can pick a replica still syncing, which they then abort
+    (`-failover-abort-slave-timeout`)."""
     last = ""
 
     def check() -> bool:
         nonlocal last
         try:
-            last = set_state(url)
-        except redis.RedisError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        return last == "ok"
+            run_stack("status", "--sentinel", timeout=30)
+        except RuntimeError as exc:
+            last = str(exc).rsplit("state=", 1)[-1].strip()
+            return False
+        return True
 
     try:
         wait_for("the sentinel set settled", check, timeout)
@@ -166,7 +133,7 @@ def failover_under_load(
     connection once the set is whole (a client still on the old master would read what it
     took), the worker still running. Leaves the set whole and the lane's topics and keys
     deleted."""
-    wait_settled(sentinel_url)
+    wait_settled()
     old = master_port(sentinel_url)
     if old is None:
         raise RuntimeError("the sentinels name no master")
