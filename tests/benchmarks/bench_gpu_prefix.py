@@ -371,24 +371,42 @@ def ratios(raw: dict[str, Any], q: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def kv_column(tokens: int | list[int | None] | None) -> str:
+    """The KV cache each phase's engines had ("2 x 37,968"): two engines on one card each
+    load the weights, so their caches, not the placement, can decide a comparison."""
+    sizes = tokens if isinstance(tokens, list) else [tokens]
+    if not sizes or any(t is None for t in sizes):
+        return "-"
+    if len(set(sizes)) == 1:
+        one = f"{sizes[0]:,}"
+        return one if len(sizes) == 1 else f"{len(sizes)} x {one}"
+    return " + ".join(f"{t:,}" for t in sizes)
+
+
 def report(out: Path, gpu_name: str | None = None) -> dict[str, Any]:
-    raw = h.load_json(out / "raw.json").get("runs", {})
-    by_workers = {
-        int(p.stem.split("-")[1][:-1]): h.load_json(p).get("runs", {})
-        for p in sorted(out.glob("qbatch-*w.json"))
+    raw_doc = h.load_json(out / "raw.json")
+    raw = raw_doc.get("runs", {})
+    docs = {
+        int(p.stem.split("-")[1][:-1]): h.load_json(p) for p in sorted(out.glob("qbatch-*w.json"))
     }
+    by_workers = {k: doc.get("runs", {}) for k, doc in docs.items()}
     gpu = gpu_name or h.gpu_name()
     params = ceiling.model_params(h.MODEL_DIR)
     lines = [
-        "| workers | run | requests | req/s | output tok/s | total tok/s | computed tok/s vs"
-        " bf16 ceiling | prefix-cache hit rate | (worker counters) |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+        "| workers | run | KV cache tokens | requests | req/s | output tok/s | total tok/s |"
+        " computed tok/s vs bf16 ceiling | prefix-cache hit rate | (worker counters) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
-    rows = [("-", f"raw {k}", r) for k, r in raw.items()]
-    rows += [(str(k), name, r) for k, runs in by_workers.items() for name, r in runs.items()]
-    for workers, name, r in rows:
+    raw_kv = kv_column(raw_doc.get("kv_cache_tokens"))
+    rows = [("-", f"raw {k}", raw_kv, r) for k, r in raw.items()]
+    rows += [
+        (str(k), name, kv_column(docs[k].get("kv_cache_tokens")), r)
+        for k, runs in by_workers.items()
+        for name, r in runs.items()
+    ]
+    for workers, name, kv, r in rows:
         lines.append(
-            f"| {workers} | {name} | {r['n']} | {r['req_per_s']} | {r['out_tok_per_s']} | "
+            f"| {workers} | {name} | {kv} | {r['n']} | {r['req_per_s']} | {r['out_tok_per_s']} | "
             f"{r['total_tok_per_s']} | "
             f"{ceiling.column(ceiling.computed_rate(r, r['elapsed_s']), gpu, params)} | "
             f"{r['prefix_cache_hit_rate']} | {r.get('worker_metrics_hit_rate', '-')} |"
@@ -421,7 +439,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=64)
     parser.add_argument("--workers", type=int, default=1, help="qbatch: engines on the GPU")
     parser.add_argument("--gpu-mem", type=float, default=0.9, help="per engine")
-    parser.add_argument("--placements", default="none,prefix")
+    parser.add_argument(
+        "--placements",
+        default="prefix,none",
+        help="in this order; each run's JSON is written as it ends, so a device budget "
+        "running out in the long unplaced run still leaves the placed one",
+    )
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--timeout-s", type=float, default=1500)
     parser.add_argument("--dry", action="store_true", help="echo engine on the CPU")

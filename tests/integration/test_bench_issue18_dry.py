@@ -86,7 +86,7 @@ def test_prefix_dry_runs_raw_and_both_placements_for_one_and_two_workers(
         doc = json.loads((tmp_path / f"qbatch-{workers}w.json").read_text())
         assert doc["workers"] == workers and len(doc["engine_start_s"]) == workers
         runs = doc["runs"]
-        assert [name for name in runs if name.startswith("P-")] == ["P-none", "P-prefix"]
+        assert [name for name in runs if name.startswith("P-")] == ["P-prefix", "P-none"]
         assert any(name.startswith("W-") for name in runs)
         for row in runs.values():
             assert row["answered"] == row["n"] == (24 if row["name"].startswith("P") else 20)
@@ -99,4 +99,5 @@ def test_prefix_dry_runs_raw_and_both_placements_for_one_and_two_workers(
     assert set(summary["ratios"]) == {"1 worker(s)", "2 worker(s)"}
     for r in summary["ratios"].values():
         assert "W qbatch/raw" in r and "target W >= 0.97x raw" in r
-    assert "| 2 | P-" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "| 2 | P-" in report and "KV cache tokens" in report

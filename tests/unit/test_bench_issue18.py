@@ -206,6 +206,14 @@ def test_ratios_check_both_prefix_targets_and_the_w_check() -> None:
 # ---------------------------------------------------------------------------- physical limits
 
 
+def test_kv_column_names_each_phases_engines_caches() -> None:
+    # two engines on one card each load the weights: the report says what cache each had
+    assert bp.kv_column(271_472) == "271,472"
+    assert bp.kv_column([37_968, 37_968]) == "2 x 37,968"
+    assert bp.kv_column([37_968, 36_000]) == "37,968 + 36,000"
+    assert bp.kv_column(None) == bp.kv_column([None, 1]) == bp.kv_column([]) == "-"
+
+
 def test_qwen3_14b_parameter_count_from_its_config() -> None:
     params = ceiling.model_params(FIXTURE)
     assert 14.7e9 < params < 14.9e9  # Qwen3-14B: 14.8B (13.2B without the embeddings)
