@@ -129,10 +129,11 @@ def _acked_on_cluster(
     re-send a redirected command on another connection, out of its WAIT's reach). A call
     redirected (MOVED after a failover) runs again on the new owner after the slot map is
     re-read; connection errors re-read it too, so the next try finds the promoted master.
-    An ASK (the slot is migrating) is not followed: a result script's keys are new, and
-    both the old and the importing master answer a multi-key script TRYAGAIN until the
-    slot is stable, ASKING or not, so the chunk waits as in an outage (tested by
-    test_a_migrating_slot_pauses_its_writes_until_the_slot_is_stable)."""
+    An ASK (the slot is migrating, the keys are not on the old master) is not followed:
+    a result script's keys are new, and the importing master, asked with ASKING, answers
+    a multi-key script whose keys it lacks TRYAGAIN until the slot is stable, so the
+    chunk waits as in an outage (test_a_migrating_slot_pauses_its_writes_until_the_slot_is_stable).
+    """
     replies: list[Any] = [None] * len(calls)
     pending = list(range(len(calls)))
     for _ in range(_ROUNDS):

@@ -9,7 +9,8 @@
 #                                  node started while the sentinels name another master
 #                                  comes back as its replica
 #   stack.sh status --sentinel     these six only; exit 0 if the master has both replicas
-#                                  and every sentinel sees it and the two others
+#                                  and every sentinel sees it, the two others and both
+#                                  replicas with their links ok (sentinel_state)
 #   stack.sh down --sentinel [--wipe]   stop (wipe) these six only
 #
 # Data nodes are append-only (fsync every second), as on the cluster: a master killed and

@@ -7,7 +7,7 @@ its own call or child, one engine set each:
 
     B="python3 -m tests.benchmarks.bench_gpu_prefix"
     $B raw    --out /tmp/p --warmup 64 --w 1500             # raw P (and raw W)
-    $B qbatch --out /tmp/p --warmup 64 --workers 1 --w 1500 # none, prefix (and W with prefix)
+    $B qbatch --out /tmp/p --warmup 64 --workers 1 --w 1500 # prefix, none (and W with prefix)
     $B qbatch --out /tmp/p --warmup 64 --workers 2 --gpu-mem 0.45
     $B report --out /tmp/p                                  # reads the phases' JSON
 
@@ -26,7 +26,7 @@ whether a line finds its prefix cached depends on the order the lines are run in
   prefix-cache reset.
 - qbatch: `--workers` continuous engines in this process (`--gpu-mem` each: 0.45 for two
   on one GPU), one worker each, one group, one topic; `--warmup` requests through each
-  engine; then per placement (`--placements none,prefix`): every engine's prefix cache
+  engine; then per placement (`--placements prefix,none`): every engine's prefix cache
   reset, `qbatch bulk run FILE --placement P --job <fresh>` (the CLI, as a user runs it),
   processing = its wall time.
 

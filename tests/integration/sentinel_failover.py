@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -63,8 +64,13 @@ def wait_settled(timeout: float = 90) -> None:
         nonlocal last
         try:
             run_stack("status", "--sentinel", timeout=30)
-        except RuntimeError as exc:
-            last = str(exc).rsplit("state=", 1)[-1].strip()
+        except RuntimeError as exc:  # exit 3: a node down, or the set's state not ok yet
+            text = str(exc)
+            down = [line for line in text.splitlines() if "not running" in line]
+            last = "; ".join(down) or text.rsplit("state=", 1)[-1].strip()
+            return False
+        except subprocess.TimeoutExpired:  # redis-cli against a stalled node: poll again
+            last = "stack.sh status --sentinel took over 30 s"
             return False
         return True
 
