@@ -126,6 +126,13 @@ KV_CACHE_USAGE = Gauge(
     "Fraction of the engine's KV cache in use.",
     registry=REGISTRY,
 )
+KV_CACHE_TOKENS = Gauge(
+    "qbatch_engine_kv_cache_capacity_tokens",
+    "Tokens the engine's KV cache holds, fixed at start-up (vLLM: blocks x block size; "
+    "the echo engine: its simulated prefix cache). Each worker loads its own weights, so "
+    "two workers on one GPU hold a fraction of one worker's cache each.",
+    registry=REGISTRY,
+)
 PREFIX_CACHE_QUERIES = Counter(
     "qbatch_engine_prefix_cache_queries_tokens",
     "Prompt tokens looked up in the engine's prefix cache (requests whose engine reports "

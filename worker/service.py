@@ -257,6 +257,8 @@ class Worker:
         stats = self.engine.stats()
         if stats.kv_cache_usage is not None:
             metrics.KV_CACHE_USAGE.set(stats.kv_cache_usage)
+        if stats.kv_cache_tokens is not None:
+            metrics.KV_CACHE_TOKENS.set(stats.kv_cache_tokens)
         if stats.running is not None:
             metrics.ENGINE_RUNNING.set(stats.running)
         if stats.waiting is not None:

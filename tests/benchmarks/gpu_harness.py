@@ -64,16 +64,10 @@ def make_engine(mode: str, dry: bool, **overrides: Any) -> Any:
 
 
 def kv_cache_tokens(engine: Any) -> int | None:
-    """The engine's KV cache capacity in tokens, where this vLLM version tells it (AsyncLLM
-    holds `vllm_config`, the offline `LLM` under `llm_engine`: raw.json of 2026-12-06 had
-    null here)."""
-    try:
-        llm = engine._llm
-        config = getattr(llm, "vllm_config", None) or llm.llm_engine.vllm_config
-        cache = config.cache_config
-        return int(cache.num_gpu_blocks) * int(cache.block_size)
-    except (AttributeError, TypeError):
-        return None
+    """The engine's KV cache capacity in tokens (`EngineStats.kv_cache_tokens`, which the
+    worker exports as `qbatch_engine_kv_cache_capacity_tokens`); None from a checkout
+    whose engines do not report it (an A/B run against an older tree)."""
+    return getattr(engine.stats(), "kv_cache_tokens", None)
 
 
 def reset_prefix_cache(engine: Any) -> None:

@@ -149,6 +149,10 @@ def test_plain_chat_round_trip(pipeline: dict[str, Any]) -> None:
     assert res["response"]["choices"][0]["finish_reason"] in {"length", "tool_calls"}
     assert res["worker"]["engine"] == "vllm/continuous"
     assert res["timings"]["inference_ms"] > 0
+    # the scheduler stats of this engine (its own stat-logger store) and its KV capacity
+    stats = pipeline["engine"].stats()
+    assert stats.kv_cache_tokens is not None and stats.kv_cache_tokens > 0, stats
+    assert stats.kv_cache_usage is not None and stats.running is not None, stats
 
 
 def test_tool_request_renders_tools_and_parses_output(pipeline: dict[str, Any]) -> None:

@@ -137,6 +137,12 @@ def test_families_land_together_on_their_partition(lane: Lane, tmp_path: Path) -
         assert (plain["placement"], plain["placed"]) == ("none", 0)
         hits2 = scrape(port, "qbatch_engine_prefix_cache_hits_tokens_total") - hits
         queries2 = scrape(port, "qbatch_engine_prefix_cache_queries_tokens_total") - queries
+        # the cache's capacity, reported with the consumer lag (every 5 s)
+        deadline = time.monotonic() + 15
+        while (capacity := scrape(port, "qbatch_engine_kv_cache_capacity_tokens")) == 0:
+            assert time.monotonic() < deadline, "no qbatch_engine_kv_cache_capacity_tokens"
+            time.sleep(0.5)
+        assert capacity == 2000  # --echo-prefix-cache-tokens, in whole 16-token blocks
     finally:
         stop_worker(worker)
     with_placement, without = hits / queries, hits2 / queries2

@@ -113,3 +113,6 @@ def test_the_echo_engine_reports_simulated_cached_tokens_on_the_whole_conversati
     plain: list[EngineOutput] = []
     EchoEngine().submit([_request("q", policy)], plain.append)
     assert plain[0].cached_tokens is None
+    # its capacity, as vLLM's blocks x block size (qbatch_engine_kv_cache_capacity_tokens)
+    assert EchoEngine(prefix_cache_tokens=4_010).stats().kv_cache_tokens == 4_000
+    assert EchoEngine().stats().kv_cache_tokens is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 
@@ -142,3 +143,17 @@ def test_a_data_parallel_engine_adds_requests_and_reads_its_fullest_kv_cache() -
     stats = engine.stats()
     assert (stats.kv_cache_usage, stats.running, stats.waiting) == (0.75, 18, 3)
     assert combined_stats([]).kv_cache_usage is None
+
+
+def test_the_kv_cache_capacity_is_blocks_times_block_size_once_known() -> None:
+    from worker.engines.vllm_engine import kv_cache_tokens
+
+    config = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=2373, block_size=16))
+    assert kv_cache_tokens(config) == 37_968  # one of two engines at 0.45 on an H100
+    unprofiled = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=None, block_size=16))
+    assert kv_cache_tokens(unprofiled) is None and kv_cache_tokens(object()) is None
+    engine = VllmEngine(engine_kwargs(settings()))
+    assert engine.stats().kv_cache_tokens is None  # not started: unknown
+    engine._kv_cache_tokens = 37_968
+    engine._stats_logger(None, 0).record(_sched(0.5, 3, 1), None)
+    assert (engine.stats().kv_cache_tokens, engine.stats().running) == (37_968, 3)

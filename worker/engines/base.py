@@ -151,6 +151,8 @@ class EngineStats:
     """What an engine can say about itself for metrics; None where unknown."""
 
     kv_cache_usage: float | None = None
+    kv_cache_tokens: int | None = None
+    """The cache's capacity, fixed at start-up (vLLM: blocks x block size)."""
     running: int | None = None
     waiting: int | None = None
     extra: dict[str, float] = field(default_factory=dict)

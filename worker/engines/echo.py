@@ -167,8 +167,13 @@ class EchoEngine(Engine):
             on_done(output)
 
     def stats(self) -> EngineStats:
+        cache = self.prefix_cache
         with self._cond:
-            return EngineStats(running=len(self._running), waiting=len(self._waiting))
+            return EngineStats(
+                kv_cache_tokens=cache.capacity_tokens if cache is not None else None,
+                running=len(self._running),
+                waiting=len(self._waiting),
+            )
 
     def close(self) -> None:
         with self._cond:

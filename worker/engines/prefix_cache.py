@@ -54,6 +54,11 @@ class SimulatedPrefixCache:
         self.hits = 0
         """Tokens found cached so far."""
 
+    @property
+    def capacity_tokens(self) -> int:
+        """What it holds when full, in whole blocks (as vLLM's blocks x block size)."""
+        return self.capacity_blocks * self.block_tokens
+
     def __len__(self) -> int:
         """Blocks held now."""
         return len(self._blocks)

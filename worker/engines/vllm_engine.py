@@ -272,6 +272,18 @@ def combined_stats(latest: Sequence[Any]) -> EngineStats:
     )
 
 
+def kv_cache_tokens(vllm_config: Any) -> int | None:
+    """The KV cache's capacity in tokens, known once vLLM has profiled the memory; None
+    where this version does not say. Two workers on one GPU each load the weights, so
+    each gets a fraction of one worker's cache (tests/benchmarks/RESULTS.md, session 14:
+    2 x 37,968 against 271,472 on an H100): the figure that explains such a setup."""
+    try:
+        cache = vllm_config.cache_config
+        return int(cache.num_gpu_blocks) * int(cache.block_size)
+    except (AttributeError, TypeError):
+        return None
+
+
 class VllmEngine(Engine):
     name = "vllm"
 
@@ -283,6 +295,7 @@ class VllmEngine(Engine):
         self._served_name = str(kwargs.get("served_model_name") or kwargs["model"])
         self._tokenizer: Any = None
         self._max_model_len = 0
+        self._kv_cache_tokens: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._llm: Any = None
         self._thread: threading.Thread | None = None
@@ -334,6 +347,7 @@ class VllmEngine(Engine):
                 stat_loggers=[self._stats_logger],
             )
             self._max_model_len = int(self._llm.model_config.max_model_len)
+            self._kv_cache_tokens = kv_cache_tokens(getattr(self._llm, "vllm_config", None))
             self._loop = asyncio.new_event_loop()
             target = self._run_loop
         else:
@@ -341,6 +355,9 @@ class VllmEngine(Engine):
 
             self._llm = LLM(**self._kwargs)
             self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
+            self._kv_cache_tokens = kv_cache_tokens(
+                getattr(self._llm.llm_engine, "vllm_config", None)
+            )
             target = self._run_static
         self._thread = threading.Thread(target=target, name="qbatch-vllm", daemon=True)
         self._thread.start()
@@ -349,6 +366,7 @@ class VllmEngine(Engine):
             mode=self.mode,
             model=self._served_name,
             max_model_len=self._max_model_len,
+            kv_cache_tokens=self._kv_cache_tokens,
             tensor_parallel_size=self._kwargs.get("tensor_parallel_size", 1),
         )
 
@@ -428,7 +446,9 @@ class VllmEngine(Engine):
         return _StatsLogger(self._scheduler_stats, engine_index)
 
     def stats(self) -> EngineStats:
-        return combined_stats(list(self._scheduler_stats.values()))
+        stats = combined_stats(list(self._scheduler_stats.values()))
+        stats.kv_cache_tokens = self._kv_cache_tokens
+        return stats
 
     def close(self) -> None:
         if self.mode == "static":
