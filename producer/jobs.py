@@ -34,7 +34,7 @@ from producer.job_view import JobView
 from producer.placement import PlacementMode, PrefixPlanner, placement_mode
 from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope
 from schemas.limits import DEFAULT_RESULT_TTL_S
-from schemas.redis_conn import mget
+from schemas.redis_conn import mget, reply_text
 from schemas.replica_ack import ReplicaAck
 from schemas.replies import ResultWriter
 from schemas.scripts import lua
@@ -115,10 +115,6 @@ class JobError(RuntimeError):
     """A job-level problem: unknown job, conflicting re-run, wrong state."""
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class JobStore:
     """Job bookkeeping against one Redis and prefix."""
 
@@ -152,12 +148,12 @@ class JobStore:
 
     def field(self, job_id: str, name: str) -> str | None:
         value = self.redis.hget(self.keys.job(job_id), name)
-        return None if value is None else _s(value)
+        return None if value is None else reply_text(value)
 
     def begin(self, job_id: str, total: int, input_path: str, sha: str) -> tuple[str, str, int]:
         """('new'|'exists', status, submitted); JobError on a conflicting re-run."""
         reply = [
-            _s(x)
+            reply_text(x)
             for x in self._begin(
                 keys=[self.keys.job(job_id)],
                 args=[total, now_ms(), input_path, sha, self.job_ttl_s],
@@ -179,7 +175,7 @@ class JobStore:
         self.redis.hset(self.keys.job(job_id), RETRY_LINE_FIELD, line)
 
     def mark_submitted(self, job_id: str, total: int) -> str:
-        return _s(
+        return reply_text(
             self._mark(
                 keys=[self.keys.job(job_id), self.keys.job_stream(job_id)],
                 args=[total, self.job_ttl_s],
@@ -191,7 +187,7 @@ class JobStore:
 
     def cancel(self, job_id: str) -> str:
         """Set the cancel flag; returns the job's status after it ('' if no such job)."""
-        return _s(
+        return reply_text(
             self._cancel(
                 keys=[self.keys.job(job_id), self.keys.job_cancel(job_id)], args=[self.job_ttl_s]
             )
@@ -203,7 +199,7 @@ class JobStore:
         reply = self._begin_retry(
             keys=[self.keys.job(job_id)], args=[attempt, str(-n_failed), str(-n_expired)]
         )
-        return _s(reply[0]), _s(reply[1])
+        return reply_text(reply[0]), reply_text(reply[1])
 
     def write_results(self, results: Sequence[tuple[ResultEnvelope, int]]) -> int:
         """Write producer-made results once each (worker's writer); returns how many are new."""
@@ -219,7 +215,10 @@ class JobStore:
         """Stream entries strictly after id `after` ('-': from the start)."""
         start = "-" if after == "-" else f"({after}"
         entries = self.redis.xrange(self.keys.job_stream(job_id), min=start, max="+", count=count)
-        return [(_s(eid), {_s(k): _s(v) for k, v in fields.items()}) for eid, fields in entries]
+        return [
+            (reply_text(eid), {reply_text(k): reply_text(v) for k, v in fields.items()})
+            for eid, fields in entries
+        ]
 
     def wait_stream(self, job_id: str, after: str, block_ms: int) -> None:
         """Block until the stream has an entry after `after` (or `block_ms` passes)."""

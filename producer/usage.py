@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from schemas import RedisKeys, ResultEnvelope
+from schemas.redis_conn import reply_text
 
 KINDS = ("requests", "prompt_tokens", "completion_tokens", "reasoning_tokens")
 CLI_TENANT = "cli"
@@ -90,7 +91,7 @@ def parse_hash(tenant: str, day: str, fields: dict[Any, Any]) -> list[UsageRow]:
     """A usage hash as rows, one per model (unknown kinds are ignored), sorted by model."""
     by_model: dict[str, dict[str, int]] = {}
     for raw_field, raw_value in fields.items():
-        name = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
+        name = reply_text(raw_field)
         kind, _, model = name.partition(":")
         if kind not in KINDS or not model:
             continue

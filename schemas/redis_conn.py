@@ -51,6 +51,7 @@ __all__ = [
     "is_sentinel_url",
     "mget",
     "parse_sentinel_url",
+    "reply_text",
     "waiting_out_failover",
 ]
 
@@ -201,7 +202,7 @@ class FailoverRedis(redis.Redis):
         if not hasattr(self, "_scripts"):
             self._scripts = {}
         body = registered.script
-        self._scripts[registered.sha] = body.decode() if isinstance(body, bytes) else str(body)
+        self._scripts[registered.sha] = reply_text(body)
         return registered
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
@@ -350,6 +351,12 @@ def _address(text: str, default_port: int | None = None) -> tuple[str, int]:
 def _node(seed: str) -> ClusterNode:
     host, _, port = seed.rpartition(":")
     return ClusterNode(host.strip("[]") or seed, int(port) if port else 6379)
+
+
+def reply_text(raw: Any) -> str:
+    """A Redis reply as text, whether the client was built with `decode_responses` (str)
+    or without it (bytes): qbatch's clients are built both ways."""
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def is_cluster(client: Any) -> bool:

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from schemas.keys import RedisKeys
-from schemas.redis_conn import eval_many, waiting_out_failover
+from schemas.redis_conn import eval_many, reply_text, waiting_out_failover
 from schemas.replica_ack import ReplicaAck, eval_acked
 from schemas.result import ResultEnvelope
 from schemas.scripts import lua
@@ -45,14 +45,10 @@ class WriteReply:
 _CODES = {1: WriteStatus.written, 0: WriteStatus.existed, 3: WriteStatus.other_job}
 
 
-def _text(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
 def _reply(raw: Any) -> WriteReply:
     if isinstance(raw, int):
         return WriteReply(_CODES[raw])
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    text = reply_text(raw)
     if text.startswith("wrongtype "):
         role, _, kind = text[len("wrongtype ") :].partition(" ")
         return WriteReply(WriteStatus.wrong_type, f"its {role} key holds a Redis {kind}")
@@ -159,7 +155,7 @@ class ResultWriter:
                 raise raw
             result, ttl_s = results[i]
             if isinstance(raw, list):
-                code, status = int(raw[0]), _text(raw[1])
+                code, status = int(raw[0]), reply_text(raw[1])
                 replies[i] = WriteReply(_CODES[code])
                 job = (result.job_id if job_bookkeeping else None) or ""
                 if job and code in (0, 1):
@@ -190,7 +186,7 @@ class ResultWriter:
 
         # a pipeline bypasses the client's own failover wait: a producer-side write must
         # not fail here on a master dying mid-read (the chaos soak's cancelled submit did)
-        types = iter(_text(t) for t in waiting_out_failover(self._client, read))
+        types = iter(reply_text(t) for t in waiting_out_failover(self._client, read))
         broken = {}
         for job in jobs:
             for role, kind, _key in want:

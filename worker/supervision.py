@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from schemas.redis_conn import reply_text
 from worker.logs import log
 
 QUARANTINE_AFTER = 2
@@ -86,7 +87,7 @@ class StrikeStore:
             log.warning("strikes_unreadable", error=str(exc))
             return book
         for name, count in raw.items():
-            name = name.decode() if isinstance(name, bytes) else str(name)
+            name = reply_text(name)
             suspect = StrikeBook.parse(name)
             if suspect is not None:
                 book.counts[suspect] = int(count)

@@ -26,7 +26,7 @@ import redis
 from redis.sentinel import Sentinel
 
 from schemas import RedisKeys
-from schemas.redis_conn import connect, mget, parse_sentinel_url
+from schemas.redis_conn import connect, mget, parse_sentinel_url, reply_text
 from tests.integration.cluster_stack import run_stack
 from tests.integration.workers import Lane, echo_worker, wait_for
 
@@ -48,7 +48,7 @@ def master_port(url: str) -> int | None:
 
 def sentinel_fields(reply: list[Any]) -> dict[str, str]:
     """A flat [k, v, k, v, ...] reply of SENTINEL MASTER / REPLICAS as a dict."""
-    items = [x.decode() if isinstance(x, bytes) else str(x) for x in reply]
+    items = [reply_text(x) for x in reply]
     return dict(zip(items[::2], items[1::2], strict=True))
 
 

@@ -23,7 +23,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.partitioner import murmur2
 
 from producer.placement import family_key, home_partition
-from tests.integration.workers import Lane, qbatch, start_worker, stop_worker
+from tests.integration.workers import Lane, qbatch, start_worker, stop_worker, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("stack")]
 
@@ -138,11 +138,9 @@ def test_families_land_together_on_their_partition(lane: Lane, tmp_path: Path) -
         hits2 = scrape(port, "qbatch_engine_prefix_cache_hits_tokens_total") - hits
         queries2 = scrape(port, "qbatch_engine_prefix_cache_queries_tokens_total") - queries
         # the cache's capacity, reported with the consumer lag (every 5 s)
-        deadline = time.monotonic() + 15
-        while (capacity := scrape(port, "qbatch_engine_kv_cache_capacity_tokens")) == 0:
-            assert time.monotonic() < deadline, "no qbatch_engine_kv_cache_capacity_tokens"
-            time.sleep(0.5)
-        assert capacity == 2000  # --echo-prefix-cache-tokens, in whole 16-token blocks
+        capacity = "qbatch_engine_kv_cache_capacity_tokens"
+        wait_for(capacity, lambda: scrape(port, capacity) > 0, 15)
+        assert scrape(port, capacity) == 2000  # --echo-prefix-cache-tokens, 16-token blocks
     finally:
         stop_worker(worker)
     with_placement, without = hits / queries, hits2 / queries2

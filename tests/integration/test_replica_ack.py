@@ -27,7 +27,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from schemas import ErrorCode, RedisKeys, RequestEnvelope, ResultEnvelope
-from schemas.redis_conn import connect
+from schemas.redis_conn import connect, reply_text
 from schemas.replica_ack import ReplicaAck, ReplicasBehind, eval_acked
 from schemas.replies import ResultWriter, WriteStatus
 from schemas.result import Status
@@ -139,10 +139,6 @@ def test_results_and_job_counts_acknowledged_on_every_master(
     assert client.xlen(keys.job_stream("jc")) == 30
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 @pytest.mark.parametrize("replicas", [0, 1])
 def test_a_migrating_slot_pauses_its_writes_until_the_slot_is_stable(
     cluster: tuple[Any, RedisKeys], replicas: int
@@ -158,7 +154,7 @@ def test_a_migrating_slot_pauses_its_writes_until_the_slot_is_stable(
     source = client.get_node_from_key(keys.result("mig-0"))
     target = next(n for n in client.get_primaries() if n.name != source.name)
     src, dst = client.get_redis_connection(source), client.get_redis_connection(target)
-    src_id, dst_id = (_text(n.execute_command("CLUSTER", "MYID")) for n in (src, dst))
+    src_id, dst_id = (reply_text(n.execute_command("CLUSTER", "MYID")) for n in (src, dst))
     sink = RedisSink(client, keys, ack=ReplicaAck(replicas=replicas, timeout_ms=2000))
     reply = Reply(tp=TopicPartition("t", 0), offset=0, record=None, result=ok("mig-0"), ttl_s=TTL)
     try:  # the shared cluster gets its slot back whatever fails here
@@ -168,7 +164,7 @@ def test_a_migrating_slot_pauses_its_writes_until_the_slot_is_stable(
             sink.write([reply], now_ms=1)
         for node in (src, dst):  # (EXISTS on the old master would answer ASK)
             held = node.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
-            assert not [k for k in map(_text, held) if k.startswith(keys.prefix)], held
+            assert not [k for k in map(reply_text, held) if k.startswith(keys.prefix)], held
     finally:
         for node in (src, dst):
             with contextlib.suppress(redis.RedisError):

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis
 
 from schemas import RedisKeys, RequestEnvelope, ResultEnvelope
-from schemas.redis_conn import connect, is_cluster, mget
+from schemas.redis_conn import connect, is_cluster, mget, reply_text
 from schemas.replica_ack import ReplicaAck
 from schemas.replies import ResultWriter, WriteReply, WriteStatus
 from schemas.scripts import lua
@@ -177,7 +177,7 @@ class RedisSink(ReplySink):
         answered: dict[str, str] = {}
         for rid, reply in zip(request_ids, replies, strict=False):
             if reply is not None and reply is not False:
-                answered[rid] = reply.decode() if isinstance(reply, bytes) else str(reply)
+                answered[rid] = reply_text(reply)
         cancelled = frozenset(
             job for job, hit in zip(jobs, replies[len(request_ids) :], strict=True) if hit
         )
@@ -201,7 +201,9 @@ class RedisSink(ReplySink):
             if value is not None and not isinstance(value, Exception):
                 answered[env.request_id] = _job_of(value)
         types = raw[len(envelopes) :]
-        cancelled = frozenset(job for job, t in zip(jobs, types, strict=True) if _s(t) == "string")
+        cancelled = frozenset(
+            job for job, t in zip(jobs, types, strict=True) if reply_text(t) == "string"
+        )
         same = [e for e in envelopes if e.job_id and answered.get(e.request_id) == e.job_id]
         if same:
             pipe = self._admission_client.pipeline(transaction=False)
@@ -249,10 +251,6 @@ class RedisSink(ReplySink):
         self._client.close()
         if self._admission_client is not self._client:
             self._admission_client.close()
-
-
-def _s(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def _job_of(value: Any) -> str:
