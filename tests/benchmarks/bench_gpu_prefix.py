@@ -50,7 +50,6 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -424,13 +423,7 @@ def report(out: Path, gpu_name: str | None = None) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=["raw", "qbatch", "report"])
-    parser.add_argument("--out", type=Path, required=True, help="JSON and report")
-    parser.add_argument(
-        "--work",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "qbatch-bench-work",
-        help="the input files (megabytes: kept out of --out)",
-    )
+    h.add_phase_args(parser, "JSON and report", "the input files (megabytes: kept out of --out)")
     parser.add_argument("--families", type=int, default=400)
     parser.add_argument("--per-family", type=int, default=8)
     parser.add_argument("--prefix-tokens", type=int, default=2000)
@@ -445,11 +438,9 @@ def main() -> None:
         help="in this order; each run's JSON is written as it ends, so a device budget "
         "running out in the long unplaced run still leaves the placed one",
     )
-    parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--timeout-s", type=float, default=1500)
     parser.add_argument("--dry", action="store_true", help="echo engine on the CPU")
     parser.add_argument("--echo-prefix-cache-tokens", type=int, default=0)
-    parser.add_argument("--gpu-name", help="report: the device the phases ran on (off the GPU)")
     args = parser.parse_args()
     from worker.logs import configure
 

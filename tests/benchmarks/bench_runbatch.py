@@ -48,7 +48,6 @@ import random
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -479,12 +478,10 @@ def report(out: Path, gpu_name: str | None = None) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=["qbatch", "runbatch", "report", "all"])
-    parser.add_argument("--out", type=Path, required=True, help="JSON, logs, report")
-    parser.add_argument(
-        "--work",
-        type=Path,
-        default=Path(tempfile.gettempdir()) / "qbatch-bench-work",
-        help="the input and output JSONL files (megabytes: kept out of --out)",
+    h.add_phase_args(
+        parser,
+        "JSON, logs, report",
+        "the input and output JSONL files (megabytes: kept out of --out)",
     )
     parser.add_argument("--n", type=int, default=1500, help="lines of W")
     parser.add_argument("--tools-every", type=int, default=10, help="every Nth line has tools")
@@ -494,10 +491,8 @@ def main() -> None:
     parser.add_argument(
         "--qbatch-args", default="", help="more `qbatch bulk run` flags (e.g. --placement none)"
     )
-    parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--timeout-s", type=float, default=1200)
     parser.add_argument("--dry", action="store_true", help="CPU: echo engine, run-batch stand-in")
-    parser.add_argument("--gpu-name", help="report: the device the phases ran on (off the GPU)")
     args = parser.parse_args()
     from worker.logs import configure
 

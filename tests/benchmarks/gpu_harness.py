@@ -10,6 +10,7 @@ measures anything.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import multiprocessing
@@ -19,6 +20,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -221,6 +223,21 @@ def wait_for_free_gpu(timeout_s: float = 60) -> None:
         if used is None or used < 4096:
             return
         time.sleep(1)
+
+
+def add_phase_args(parser: argparse.ArgumentParser, out_help: str, work_help: str) -> None:
+    """The options of every benchmark run in phases (each phase its own device call, the
+    report made anywhere from their JSON): where the results go, where the megabytes of
+    input go, the engine's context and the card a report names when made off the GPU."""
+    parser.add_argument("--out", type=Path, required=True, help=out_help)
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "qbatch-bench-work",
+        help=work_help,
+    )
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--gpu-name", help="report: the device the phases ran on (off the GPU)")
 
 
 def gpu_name() -> str:
