@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +19,6 @@ from producer.client import Request
 from schemas import Status
 from schemas.keys import RedisKeys
 from schemas.redis_conn import connect, is_cluster_url
-from tests.integration.cluster_stack import ON_CLUSTER
 
 try:  # tests/integration is a rootdir-relative folder, or a package once it has __init__.py
     from tests.integration.workers import Lane, echo_worker, qbatch, qbatch_popen
@@ -29,20 +28,10 @@ except ModuleNotFoundError:
 pytestmark = pytest.mark.integration
 
 
-def _up(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module", autouse=True)
-def _stack() -> None:
-    if ON_CLUSTER:  # QBATCH_TEST_STACK=cluster: workers.py's defaults name the cluster
-        return
-    if not (_up("127.0.0.1", 9092) and _up("127.0.0.1", 6379)):
-        pytest.skip("local Kafka/Redis not up (deploy/local/stack.sh up)")
+def _stack(stack: Any) -> None:
+    """The local Kafka + Redis, or the cluster under QBATCH_TEST_STACK=cluster (conftest's
+    `stack` starts it or fails loudly: nothing here is skipped for want of a stack)."""
 
 
 @pytest.fixture

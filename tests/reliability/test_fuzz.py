@@ -310,8 +310,13 @@ def test_decode_hostile_envelopes_long(raw: bytes) -> None:
 
 
 def test_valid_bases_decode() -> None:
+    """The bases the strategies mutate are themselves valid, or every hostile case would
+    be refused for the base's fault, not its own."""
     for base in (VALID_CHAT, VALID_COMPLETION):
-        decode_request(json.dumps(base).encode(), base["request_id"].encode())
+        env = decode_request(json.dumps(base).encode(), base["request_id"].encode())
+        assert env.request_id == base["request_id"]
+        assert env.endpoint == base["endpoint"]
+        assert env.body.model_dump(exclude_unset=True) == base["body"]
 
 
 # ------------------------------------------------------------------ tool calls

@@ -179,6 +179,9 @@ def test_kafka_sasl_round_trip_and_wrong_password(spawn: Any, tmp_path: Path) ->
         del sasl_kwargs["bootstrap_servers"]
         assert wait_committed(lane, 30, **sasl_kwargs)
 
+        # the broker's own word for a wrong password (a PLAINTEXT client fails otherwise)
+        bad_password = "Authentication failed: Invalid username or password"
+        bad_before = ps.server_log().count(bad_password)
         wrong = settings.model_copy(update={"kafka_sasl_password": SecretStr("not-the-password")})
         refused: Exception | None = None
         client = QBatchClient(
@@ -192,6 +195,7 @@ def test_kafka_sasl_round_trip_and_wrong_password(spawn: Any, tmp_path: Path) ->
             refused = exc
         finally:
             client._closed = True  # nothing to flush: the producer never connected
+        bad_after = ps.server_log().count(bad_password)
         plaintext: Exception | None = None
         try:
             from kafka import KafkaProducer
@@ -211,10 +215,14 @@ def test_kafka_sasl_round_trip_and_wrong_password(spawn: Any, tmp_path: Path) ->
             wrong_password=repr(refused)[:80] if refused else "ACCEPTED",
             plaintext_client=type(plaintext).__name__ if plaintext else "ACCEPTED",
             broker_auth_failures_logged=auth_failures,
+            broker_wrong_password_logged=bad_after - bad_before,
             worker_exit_rc=sasl_rc,
         )
         assert refused is not None, "a client with a wrong password was accepted"
         assert not isinstance(refused, AttributeError | TypeError), refused
+        # kafka-python reports only "Unable to bootstrap": the broker's log says why
+        assert bad_before == 0, "the right credentials were refused as a wrong password"
+        assert bad_after > bad_before, "the broker did not refuse the wrong password"
         assert plaintext is not None, "a PLAINTEXT client was accepted"
         assert auth_failures >= 1
         assert sasl_rc == 0

@@ -12,9 +12,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
+from tests.ci_gate import tool_missing
 from worker.metrics import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +134,7 @@ def _kustomize_cmd() -> list[str] | None:
 def render(directory: Path) -> tuple[dict[str, Any], ...]:
     cmd = _kustomize_cmd()
     if cmd is None:
-        pytest.skip("neither kustomize nor kubectl is installed")
+        tool_missing("neither kustomize nor kubectl is installed")
     out = subprocess.run(
         [*cmd, str(directory)], capture_output=True, text=True, timeout=120, check=False
     )

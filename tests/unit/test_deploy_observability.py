@@ -140,6 +140,7 @@ def _promql_ready(expr: str) -> str:
 def test_promql_expressions_parse() -> None:
     promql_parser = pytest.importorskip("promql_parser")
     exprs = [r["expr"] for r in _alert_rules()] + _dashboard_exprs()
+    assert len(exprs) > 20, "the rules and panels were not read"
     for expr in exprs:
         if expr.startswith("label_values("):
             continue  # Grafana template function, not PromQL

@@ -70,9 +70,12 @@ def test_no_import_cycles() -> None:
 
 
 def test_service_only_wires() -> None:
-    """service.py builds and starts the parts; it defines no loop body of its own beyond
-    the main loop's turn, and imports no Kafka or Redis client library."""
+    """service.py builds and starts the parts; it has no loop of its own beyond the main
+    loop (`_serve`: one intake step a turn until a stop), and imports no Kafka or Redis client
+    library. Polling, batching and flushing loops live in the parts that own them."""
     tree = ast.parse((ROOT / "worker" / "service.py").read_text())
+    loops = [n for n in ast.walk(tree) if isinstance(n, ast.While | ast.AsyncFor)]
+    assert len(loops) == 1, [ast.unparse(n).splitlines()[0] for n in loops]
     imported = {
         (n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
     } | {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -81,10 +81,22 @@ def test_add_generation_prompt_false_leaves_the_header_out(qwen3: PromptRenderer
     assert text.endswith("<|im_end|>\n") and "<|im_start|>assistant" not in text
 
 
-def test_add_special_tokens_reaches_the_tokenizer(qwen3: PromptRenderer) -> None:
+def test_add_special_tokens_reaches_the_tokenizer(
+    qwen3: PromptRenderer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[object] = []
+    encode = qwen3.tokenizer.encode
+
+    def spy(text: str, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("add_special_tokens"))
+        return encode(text, **kwargs)
+
+    monkeypatch.setattr(qwen3.tokenizer, "encode", spy)
     plain = qwen3.render(chat())
     special = qwen3.render(chat(add_special_tokens=True))
-    # Qwen3's tokenizer adds no BOS, so the ids agree: the flag is passed, not invented.
+    # The flag reaches encode (chat's default: off, as vLLM's). Qwen3's tokenizer adds no
+    # BOS, so the ids themselves agree; a tokenizer with one would differ here.
+    assert seen == [False, True]
     assert special.token_ids == plain.token_ids and plain.token_ids
 
 
