@@ -33,10 +33,10 @@ import hashlib
 import json
 import os
 import random
-import statistics
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +50,7 @@ from schemas.redis_conn import connect, mget
 from tests.integration.cluster_stack import ClusterStack
 from tests.integration.workers import Lane, qbatch, qbatch_popen, start_worker, stop_worker
 from tests.reliability.chaos import ALL_NODES, Fault, FaultKind, schedule
+from tests.reliability.soak_report import job_verdict, recovery_times
 from tests.reliability.tcp_proxy import DelayProxy, address_map, proxies_for
 
 TOOLS = [
@@ -579,10 +580,14 @@ class Soak:
                 statuses[status] = statuses.get(status, 0) + 1
                 if status not in self.expected[rid].statuses:
                     wrong.append(f"{rid}: {status}")
-            jobs = {
-                job: self._job_check(client, job, lines, values, problems)
-                for job, lines in self.jobs.items()
-            }
+            jobs: dict[str, dict[str, Any]] = {}
+            for job, lines in self.jobs.items():
+                job_hash = {
+                    k.decode(): v.decode() for k, v in client.hgetall(self.keys.job(job)).items()
+                }
+                stream_len = client.xlen(self.keys.job_stream(job))
+                jobs[job], wrong_job = job_verdict(job, lines, job_hash, stream_len, values)
+                problems += wrong_job
         finally:
             client.close()
         dlq = self._dlq()
@@ -607,7 +612,7 @@ class Soak:
         report = {
             "seed": self.cfg.seed,
             "duration_s": self.cfg.duration_s,
-            "faults": _count(f.kind.value for f, _, _ in self.applied),
+            "faults": dict(Counter(f.kind.value for f, _, _ in self.applied)),
             "requests": len(self.expected) + len(self.bad_keys - set(self.expected)),
             "results": len(values) - len(lost),
             "lost": len(lost),
@@ -644,32 +649,6 @@ class Soak:
             )
         return report
 
-    def _job_check(
-        self,
-        client: Any,
-        job: str,
-        lines: int,
-        values: dict[str, bytes | None],
-        problems: list[str],
-    ) -> dict[str, Any]:
-        raw = client.hgetall(self.keys.job(job))
-        h = {k.decode(): v.decode() for k, v in raw.items()}
-        by_status: dict[str, int] = {}
-        for i in range(1, lines + 1):
-            value = values.get(f"{job}.{i}")
-            if value is not None:
-                s = json.loads(value)["status"]
-                by_status[s] = by_status.get(s, 0) + 1
-        counters = {s: int(h.get(s, 0)) for s in ("succeeded", "failed", "expired", "cancelled")}
-        stream = client.xlen(self.keys.job_stream(job))
-        if {k: v for k, v in counters.items() if v} != by_status:
-            problems.append(f"job {job}: counters {counters} but results {by_status}")
-        if int(h.get("total", -1)) != lines or sum(counters.values()) != lines:
-            problems.append(f"job {job}: total {h.get('total')} counted {sum(counters.values())}")
-        if stream != lines:
-            problems.append(f"job {job}: stream holds {stream} entries for {lines} lines")
-        return {"status": h.get("status"), **counters, "stream": stream}
-
     def _dlq(self) -> list[tuple[str, tuple[str, ...]]]:
         """(record key, its source topic/partition/offset headers) of every dead letter."""
         consumer = KafkaConsumer(
@@ -691,38 +670,12 @@ class Soak:
             consumer.close()
 
     def _recovery(self) -> dict[str, dict[str, float]]:
-        """Per kind, over its faults: `from_start`, seconds from the fault's start until
-        every request published before it had its answer (the backlog it caught), and
-        `after_end`, how much of that came after the fault was undone (0: the rest of the
-        cluster had answered everything by then). Resolution: the observer's ~0.5 s."""
-        out: dict[str, dict[str, list[float]]] = {}
-        for fault, start, end in self.applied:
-            if end < 0:
-                continue
-            before = [
-                self.obs.first_seen.get(r, float("inf"))
-                for r, e in self.expected.items()
-                if e.published - self.t0 < start
-            ]
-            last = max(before, default=self.t0) - self.t0
-            kind = out.setdefault(fault.kind.value, {"from_start": [], "after_end": []})
-            kind["from_start"].append(round(max(0.0, last - start), 2))
-            kind["after_end"].append(round(max(0.0, last - end), 2))
-        return {
-            name: {
-                f"{k}_{stat}": round(fn(v), 2)
-                for k, v in series.items()
-                for stat, fn in (("p50", statistics.median), ("max", max))
-            }
-            for name, series in out.items()
-        }
-
-
-def _count(items: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items:
-        out[item] = out.get(item, 0) + 1
-    return out
+        """soak_report.recovery_times on this run's clock (seconds from its start)."""
+        return recovery_times(
+            ((f.kind.value, start, end) for f, start, end in self.applied),
+            {r: e.published - self.t0 for r, e in self.expected.items()},
+            {r: seen - self.t0 for r, seen in self.obs.first_seen.items()},
+        )
 
 
 __all__ = ["Soak", "SoakConfig", "SoakFailure"]
