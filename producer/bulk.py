@@ -322,6 +322,8 @@ def _lift_priority(data: dict[str, Any]) -> None:
 
 def _native_data(obj: dict[str, Any], rid: str, job_id: str) -> dict[str, Any]:
     data = dict(obj)
+    if "loop" in data:  # a continuation's state: the tool executor's, never a file's
+        raise ContractError("loop is set by the tool executor, not by an input line", param="loop")
     own_job = data.get("job_id")
     if own_job is not None and own_job != job_id:
         raise ContractError(f"line belongs to job {own_job!r}, not {job_id!r}", param="job_id")

@@ -20,12 +20,18 @@ def _finite_json(value: dict[str, Any]) -> dict[str, Any]:
     accept `NaN` and `Infinity`, which no JSON reader need understand and which come back
     as null once the result is written, so a request's metadata would not be echoed as
     sent; an integer of thousands of digits Python's own `json` cannot read back; and a
-    caller in Python can pass sets, bytes or objects. Rejected at the edge, naming where."""
+    caller in Python can pass sets, bytes or objects; and a string holding a lone UTF-16
+    surrogate (`"\\ud800"` is valid JSON text), which no UTF-8 writer can encode, so the
+    worker could not write the request's result or its next tool-loop turn. Rejected at
+    the edge, naming where."""
     stack: list[tuple[str, Any]] = [("", value)]
     while stack:
         path, item = stack.pop()
         where = path or "(value)"
-        if isinstance(item, bool) or item is None or isinstance(item, str):
+        if isinstance(item, str):
+            _utf8(item, where)
+            continue
+        if isinstance(item, bool) or item is None:
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
@@ -39,12 +45,22 @@ def _finite_json(value: dict[str, Any]) -> dict[str, Any]:
             for k, v in item.items():
                 if not isinstance(k, str):
                     raise ValueError(f"{where}: object keys must be strings, got {k!r}")
+                _utf8(k, f"{where}: a key")
                 stack.append((f"{path}.{k}" if path else k, v))
         elif isinstance(item, list | tuple):
             stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
         else:
             raise ValueError(f"{where}: a {type(item).__name__} is not JSON")
     return value
+
+
+def _utf8(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{where}: a lone surrogate (\\u{ord(text[exc.start]):04x}) is not text"
+        ) from None
 
 
 # A JSON object from the caller that qbatch passes along without a model of its own

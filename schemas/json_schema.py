@@ -16,6 +16,11 @@ the engine that will later run it, any exception turned into a `ValueError` that
 the problem), and `validator()` builds the validator the worker runs, whose regex
 searches are time-limited. Both are cached by the schema's JSON text: a bulk job repeats
 the same tools on every line.
+
+A valid schema can still make checking one instance cost exponential time: recursive
+`$ref`s through `anyOf` are retried branch by branch at every level, so ~90 characters
+of nested arrays held a writer for minutes. `errors()` therefore checks within a budget
+of keyword evaluations (`STEP_BUDGET`) and raises `TooCostly` past it.
 """
 
 from __future__ import annotations
@@ -23,17 +28,28 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import regex
-from jsonschema import Draft202012Validator, FormatChecker
-from jsonschema.exceptions import SchemaError
+from jsonschema import Draft202012Validator, FormatChecker, validators
+from jsonschema.exceptions import SchemaError, ValidationError
+from jsonschema.protocols import Validator
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-__all__ = ["REGEX_TIMEOUT_S", "RegexTimeout", "check", "validator"]
+__all__ = [
+    "REGEX_TIMEOUT_S",
+    "STEP_BUDGET",
+    "RegexTimeout",
+    "TooCostly",
+    "check",
+    "errors",
+    "validator",
+]
 
 REGEX_TIMEOUT_S = 0.05
 """Budget of one `pattern` search against model output; past it the call is refused."""
@@ -161,12 +177,57 @@ def _install_time_limit() -> None:
             module.re = _TimeLimitedRe()
 
 
+# ---------------------------------------------------------------- bounded checking
+
+STEP_BUDGET = 100_000
+"""Keyword evaluations one `errors()` call may make (~1 s; a tool call's arguments of
+ordinary size take a few hundred)."""
+
+
+class TooCostly(Exception):
+    """Checking this instance against this schema would take more than the budget."""
+
+
+_budget = threading.local()
+
+Keyword = Callable[[Any, Any, Any, dict[str, Any]], Iterator[ValidationError] | None]
+
+
+def _counted(keyword: Keyword) -> Keyword:
+    def run(validator: Any, value: Any, instance: Any, schema: dict[str, Any]) -> Any:
+        left: int | None = getattr(_budget, "left", None)
+        if left is not None:
+            if left <= 0:
+                raise TooCostly(f"more than {STEP_BUDGET:,} steps to check")
+            _budget.left = left - 1
+        return keyword(validator, value, instance, schema)
+
+    return run
+
+
+_Budgeted = validators.extend(
+    Draft202012Validator,
+    {name: _counted(fn) for name, fn in Draft202012Validator.VALIDATORS.items()},
+)
+
+
 @functools.lru_cache(maxsize=1024)
-def _validator_for(text: str) -> Draft202012Validator:
-    return Draft202012Validator(json.loads(text))
+def _validator_for(text: str) -> Validator:
+    return _Budgeted(json.loads(text))
 
 
-def validator(schema: dict[str, Any]) -> Draft202012Validator:
-    """A validator for a schema that passed `check()`; its regex searches are time-limited."""
+def validator(schema: dict[str, Any]) -> Validator:
+    """A validator for a schema that passed `check()`; its regex searches are time-limited
+    and, through `errors()`, its whole check is bounded."""
     _install_time_limit()
     return _validator_for(_key(schema))
+
+
+def errors(checker: Validator, instance: Any, budget: int = STEP_BUDGET) -> list[ValidationError]:
+    """Every error of `instance`, or `TooCostly` once `budget` keyword evaluations are
+    spent (per thread: the writer and the tool executor check concurrently)."""
+    _budget.left = budget
+    try:
+        return list(checker.iter_errors(instance))
+    finally:
+        _budget.left = None

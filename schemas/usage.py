@@ -3,20 +3,27 @@ results can hold them without importing each other."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# A token count: never negative, and far under what a 64-bit JSON reader holds even summed
+# over a long tool loop (a continuation carries its transcript's usage from the caller's
+# side of the wire, so its figures are validated like any input).
+TokenCount = Annotated[int, Field(ge=0, le=2**40)]
 
 
 class PromptTokensDetails(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cached_tokens: int = 0
+    cached_tokens: TokenCount = 0
     """Prompt tokens served from the prefix cache (0 on engines without one)."""
 
 
 class CompletionTokensDetails(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    reasoning_tokens: int = 0
+    reasoning_tokens: TokenCount = 0
     """Completion tokens spent in `<think>` (up to and including `</think>`)."""
 
 
@@ -26,9 +33,9 @@ class Usage(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
+    prompt_tokens: TokenCount
+    completion_tokens: TokenCount
+    total_tokens: TokenCount
     prompt_tokens_details: PromptTokensDetails | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
 

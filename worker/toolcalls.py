@@ -165,7 +165,11 @@ class _Validators:
         schema = tool.function.parameters
         if schema is None:
             return None
-        error = best_match(json_schema.validator(schema).iter_errors(arguments))
+        try:
+            found = json_schema.errors(json_schema.validator(schema), arguments)
+        except json_schema.TooCostly as exc:
+            return f"arguments invalid: too costly to check against the tool's schema ({exc})"
+        error = best_match(found)
         if error is None:
             return None
         return f"arguments invalid: {error.message} at {error.json_path}"

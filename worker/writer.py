@@ -145,10 +145,28 @@ class Writer:
         )
         if env.tool_loop is None:
             return reply
-        routed = tool_loop.route(env, result, lane=inbound.lane, now_ms=item.finished_ms)
+        try:
+            self._route_turn(reply, item, result)
+        except Exception as exc:  # a turn that cannot be built costs its request, not the writer
+            log.error("tool_turn_failed", request_id=env.request_id, error=repr(exc)[:300])
+            reply.turn = None
+            reply.result = ResultEnvelope.failure(
+                env,
+                ErrorCode.internal_error,
+                f"building the next tool-loop turn: {type(exc).__name__}: {exc}",
+                timings=result.timings,
+                worker=result.worker,
+            )
+        return reply
+
+    def _route_turn(self, reply: Reply, item: Finished, result: ResultEnvelope) -> None:
+        """The reply of a tool-loop request: its final result, or the next turn for the
+        executor (an error result when that turn would be over the topic's record size)."""
+        env = item.running.inbound.envelope
+        routed = tool_loop.route(env, result, lane=reply.lane, now_ms=item.finished_ms)
         if isinstance(routed, ResultEnvelope):
             reply.result = routed
-            return reply
+            return
         reply.result, reply.turn = None, routed
         size = len(reply.encoded_turn())
         if size > self._turn_max_bytes:
@@ -156,7 +174,6 @@ class Writer:
             reply.turn = None
         else:
             metrics.TOOL_TURNS.inc()
-        return reply
 
     # ------------------------------------------------------------------ one chunk
 

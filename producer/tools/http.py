@@ -99,7 +99,13 @@ class HttpTool(ToolSpec):
         self._validator = json_schema.validator(config.parameters)
 
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        errors = sorted(self._validator.iter_errors(dict(arguments)), key=lambda e: e.path)
+        try:
+            found = json_schema.errors(self._validator, dict(arguments))
+        except json_schema.TooCostly as exc:
+            raise InvalidArguments(
+                f"too costly to check against the tool's schema ({exc})"
+            ) from None
+        errors = sorted(found, key=lambda e: e.path)
         if errors:
             first = errors[0]
             where = ".".join(str(p) for p in first.absolute_path) or "(arguments)"

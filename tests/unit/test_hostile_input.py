@@ -136,3 +136,46 @@ def test_validate_envelope_raises_only_contract_errors_for_odd_python_values() -
     for odd in (object(), {1, 2}, b"bytes", 10**5000):
         with pytest.raises(ContractError):
             validate_envelope(envelope(metadata={"x": odd}))
+
+
+@pytest.mark.parametrize(
+    "swap",
+    [
+        {"chat_template_kwargs": {"x": "<S>"}},
+        {"chat_template_kwargs": {"<S>": 1}},
+        {"chat_template_kwargs": {"nested": [{"deep": "<S>"}]}},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "n", "schema": {"description": "<S>"}},
+            }
+        },
+    ],
+    ids=["value", "key", "nested", "response_schema"],
+)
+def test_a_lone_surrogate_in_free_form_json_is_refused(swap: dict[str, Any]) -> None:
+    """`"\\ud800"` is valid JSON text but no UTF-8 writer can encode it: accepted, it made
+    the worker fail to write the request's result (or its next tool-loop turn), and
+    `qbatch serve` fail to publish a batch line it had accepted."""
+    env = envelope()
+    env["body"].update(swap)
+    text = json.dumps(env).replace('"<S>"', '"a\\ud800b"')
+    error = rejected(text.encode())
+    assert error.param is not None and error.param.startswith("body.")
+    assert "surrogate" in error.message or "unicode" in error.message
+
+
+@pytest.mark.parametrize("count", [-5, 2**40 + 1, int("9" * 30)])
+def test_a_continuations_usage_figures_are_bounded(count: int) -> None:
+    """A continuation carries its transcript's usage, which the final result sums: a
+    negative or enormous figure (one past what a 64-bit JSON reader holds made the whole
+    job's collect fail) is refused where it enters."""
+    usage = {"prompt_tokens": count, "completion_tokens": 0, "total_tokens": 0}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    env = envelope(
+        tool_loop={"max_turns": 4},
+        loop={"turn": 2, "transcript": [{"turn": 1, "calls": [], "usage": usage}]},
+    )
+    env["body"]["tools"] = tools
+    error = rejected(raw(env))
+    assert error.param == "loop.transcript[0].usage.prompt_tokens"

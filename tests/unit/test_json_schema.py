@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -74,3 +75,44 @@ def test_patterns_still_match_normally() -> None:
     validator = json_schema.validator(schema)
     assert not list(validator.iter_errors({"code": "OSL"}))
     assert list(validator.iter_errors({"code": "oslo"}))
+
+
+# A valid schema whose check is exponential in the instance's depth: each level tries the
+# three `anyOf` branches in full before failing (jsonschema collects every branch's errors).
+EXPONENTIAL = {
+    "type": "object",
+    "properties": {"a": {"$ref": "#/$defs/t"}},
+    "$defs": {"t": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/t"}] * 3}}},
+}
+
+
+def nested(depth: int) -> dict:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return {"a": value}
+
+
+def test_an_exponential_check_is_cut_off_at_its_step_budget() -> None:
+    json_schema.check(EXPONENTIAL)  # the schema itself is fine
+    checker = json_schema.validator(EXPONENTIAL)
+    assert json_schema.errors(checker, nested(4))  # shallow: checked in full, and invalid
+    with pytest.raises(json_schema.TooCostly):
+        json_schema.errors(checker, nested(30), budget=20_000)
+    # the budget is per call: the next check starts afresh
+    assert json_schema.errors(checker, {"a": []}) == []
+
+
+def test_a_tool_call_too_costly_to_check_is_an_error_not_a_hang() -> None:
+    from schemas.messages import Tool
+    from worker.toolcalls import parse_output
+
+    tool = Tool.model_validate(
+        {"type": "function", "function": {"name": "f", "parameters": EXPONENTIAL}}
+    )
+    text = '<tool_call>{"name": "f", "arguments": ' + json.dumps(nested(40)) + "}</tool_call>"
+    # unbounded, depth 40 would take ~3^40 branch checks; the budget ends it as an error
+    parsed = parse_output(text, tools=[tool], reasoning_enabled=False)
+    assert parsed.tool_calls == []
+    (error,) = parsed.errors
+    assert "too costly to check" in error.reason

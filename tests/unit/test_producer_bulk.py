@@ -118,6 +118,15 @@ def test_native_line_of_another_job_is_an_error() -> None:
     assert line.error is not None and line.error.param == "job_id"
 
 
+def test_a_native_line_cannot_forge_a_tool_loop_continuation() -> None:
+    """`loop` is the executor's state for turn 2 onwards (its transcript's usage is summed
+    into the final result): a file that sets it is refused, line by line."""
+    loop = {"turn": 2, "transcript": [{"turn": 1, "calls": [], "usage": None}]}
+    (line,) = scan_lines([native_line("r", tool_loop={"max_turns": 4}, loop=loop)], "job").lines
+    assert line.envelope is None
+    assert line.error is not None and line.error.param == "loop"
+
+
 def test_every_bad_line_is_reported_with_its_reason() -> None:
     texts = [
         openai_line("ok"),

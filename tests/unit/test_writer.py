@@ -5,6 +5,7 @@ tested against the real servers in tests/integration.)"""
 
 from __future__ import annotations
 
+import json
 import queue
 import types
 from collections.abc import Sequence
@@ -286,3 +287,51 @@ def test_an_answered_request_whose_result_expired_is_logged() -> None:
     assert done == [[(TP, 7, 0)]]
     [line] = [e for e in logs if e["event"] == "stored_result_missing"]
     assert line["count"] == 1 and line["request_ids"] == ["expired"]
+
+
+def test_a_tool_loop_turn_that_cannot_be_built_costs_only_its_request(
+    monkeypatch: Any,
+) -> None:
+    """A defect on the way to the next tool-loop turn (here: routing raises) answers that
+    request with an internal_error result; the writer thread lives on, writes the next
+    request and hands both offsets back (before, the exception ended the writer before the
+    chunk was set, so nothing was blamed and every restart met the record again)."""
+    from schemas import decode_request
+    from worker import tool_loop
+    from worker.engines.echo import echo_output
+    from worker.records import Finished, Inbound, Running
+    from worker.rendering import PromptRenderer
+
+    def finished(rid: str, offset: int, *, loop: bool) -> Finished:
+        env: dict[str, Any] = {
+            "request_id": rid,
+            "body": {"messages": [{"role": "user", "content": "hi"}]},
+        }
+        if loop:
+            env["tool_loop"] = {"max_turns": 4}
+            env["body"]["tools"] = [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+            ]
+        envelope = decode_request(json.dumps(env).encode(), rid.encode())
+        rendered = PromptRenderer(None, max_model_len=4096, served_names={"m"}).render(envelope)
+        output = echo_output(rendered.engine_request(rid))
+        return Finished(
+            Running(Inbound(TP, offset, f"rec-{offset}", envelope, 0), rendered, 0), output, 1
+        )
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    monkeypatch.setattr(tool_loop, "route", broken)
+    store = Store()
+    writer, done, _ = make(store)
+    writer.inbox.put(finished("loop-1", 7, loop=True))
+    writer.inbox.put(finished("plain-1", 8, loop=False))
+    writer.inbox.put(None)
+    writer.run()
+    failed = store.written["loop-1"]
+    assert failed.status is Status.failed and failed.error is not None
+    assert failed.error.code is ErrorCode.internal_error
+    assert "building the next tool-loop turn: UnicodeEncodeError" in failed.error.message
+    assert store.written["plain-1"].status is Status.succeeded
+    assert sorted(o for chunk in done for _, o, _ in chunk) == [7, 8]
