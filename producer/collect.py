@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from producer.batch_output import output_json
 from producer.bulk import Defaults, Line, parse_request_id
 from producer.client import QBatchClient
@@ -29,8 +31,9 @@ from producer.jobs import (
     scan_file,
 )
 from producer.placement import PlacementMode
-from schemas import JobStatus, ResultEnvelope, Status
+from schemas import ErrorCode, JobStatus, ResultEnvelope, Status
 from schemas.keys import StreamField
+from schemas.ref import RequestRef
 from schemas.settings import BULK
 
 
@@ -77,6 +80,23 @@ class _Kept:
     status: str
     offset: int
     length: int
+
+
+def readable_result(raw: bytes, rid: str, job_id: str) -> ResultEnvelope:
+    """The stored result, or, when it cannot be read (written by another version, or from
+    figures no reader holds), a failed result for its line: one unreadable result must
+    not stop the whole job's collect, on every re-run."""
+    try:
+        return ResultEnvelope.model_validate_json(raw)
+    except ValueError as exc:
+        first = exc.errors()[0] if isinstance(exc, ValidationError) and exc.errors() else None
+        reason = (first["msg"] if first else str(exc) or type(exc).__name__)[:200]
+        return ResultEnvelope.failure(
+            RequestRef(request_id=rid, job_id=job_id),
+            ErrorCode.internal_error,
+            f"the stored result could not be read: {reason}",
+            timings=None,
+        )
 
 
 def _existing_lines(job_id: str, paths: Iterable[Path]) -> dict[int, tuple[int, str, str]]:
@@ -168,10 +188,10 @@ def collect_job(
                     items = sorted(fresh.items())
                     raws = store.results([rid for _line, (_a, rid, inline) in items if not inline])
                     found = iter(raws)
-                    for line, (attempt, _rid, inline) in items:
+                    for line, (attempt, rid, inline) in items:
                         raw = inline.encode() if inline else next(found)
                         if raw is not None:
-                            result = ResultEnvelope.model_validate_json(raw)
+                            result = readable_result(raw, rid, job_id)
                             if on_result is not None:
                                 on_result(result)
                             text, status = output_json(result), result.status.value

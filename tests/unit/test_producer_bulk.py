@@ -295,3 +295,25 @@ def test_all_failed_is_not_reported_as_plain_completed() -> None:
     v = view(failed=100, status="completed_with_errors")
     assert not v.all_succeeded
     assert v.label.startswith("completed_with_errors (0 succeeded, 100 failed")
+
+
+def test_an_unreadable_stored_result_becomes_a_failed_line_not_a_stopped_collect() -> None:
+    """A stored result no reader can parse (here a usage figure past what a 64-bit JSON
+    reader holds, as a forged tool-loop transcript once produced) is reported for its line
+    as a failed result; collect goes on with the job's other lines."""
+    from producer.collect import readable_result
+    from schemas import ErrorCode, ResultEnvelope, Status
+    from schemas.ref import RequestRef
+
+    good = ResultEnvelope.for_request(
+        RequestRef(request_id="job.1", job_id="job"), Status.succeeded, timings=None
+    )
+    assert readable_result(good.model_dump_json().encode(), "job.1", "job") == good
+    text = good.model_dump_json(exclude_none=True)
+    huge = text[:-1] + ', "usage": {"prompt_tokens": ' + "9" * 4400 + "}}"
+    for raw in (huge.encode(), b"not json", b'{"status": "succeeded"}'):
+        result = readable_result(raw, "job.2", "job")
+        assert result.status is Status.failed and result.error is not None
+        assert result.request_id == "job.2" and result.job_id == "job"
+        assert result.error.code is ErrorCode.internal_error
+        assert result.error.message.startswith("the stored result could not be read: ")
