@@ -88,9 +88,8 @@ def readable_result(raw: bytes, rid: str, job_id: str) -> ResultEnvelope:
     not stop the whole job's collect, on every re-run."""
     try:
         return ResultEnvelope.model_validate_json(raw)
-    except ValueError as exc:
-        first = exc.errors()[0] if isinstance(exc, ValidationError) and exc.errors() else None
-        reason = (first["msg"] if first else str(exc) or type(exc).__name__)[:200]
+    except ValidationError as exc:
+        reason = (exc.errors()[0]["msg"] if exc.errors() else str(exc))[:200]
         return ResultEnvelope.failure(
             RequestRef(request_id=rid, job_id=job_id),
             ErrorCode.internal_error,

@@ -198,7 +198,7 @@ def _counted(keyword: Keyword) -> Keyword:
         left: int | None = getattr(_budget, "left", None)
         if left is not None:
             if left <= 0:
-                raise TooCostly(f"more than {STEP_BUDGET:,} steps to check")
+                raise TooCostly
             _budget.left = left - 1
         return keyword(validator, value, instance, schema)
 
@@ -229,5 +229,7 @@ def errors(checker: Validator, instance: Any, budget: int = STEP_BUDGET) -> list
     _budget.left = budget
     try:
         return list(checker.iter_errors(instance))
+    except TooCostly:
+        raise TooCostly(f"more than {budget:,} steps to check") from None
     finally:
         _budget.left = None
