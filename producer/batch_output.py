@@ -7,6 +7,7 @@ shape the OpenAI API answers errors with) and `error{code, message}`.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from producer.bulk import OUTPUT_ID_PREFIX, Line
@@ -139,6 +140,22 @@ def invalid_result(line: Line, job_id: str, now_ms: int) -> ResultEnvelope:
 
 
 def cancelled_result(line: Line, job_id: str, now_ms: int) -> ResultEnvelope:
+    """The answer to a line left unsent by a cancel: `expired` where the line's own
+    deadline had passed by then (an expiring serve batch cancels its job so the lines it
+    never published are answered the way the worker answers queued ones), else
+    `cancelled`."""
+    now = datetime.fromtimestamp(now_ms / 1000, UTC)
+    if line.envelope is not None and line.envelope.deadline_passed(now):
+        return local_result(
+            line,
+            job_id,
+            Status.expired,
+            ErrorInfo(
+                code=ErrorCode.deadline_exceeded,
+                message="deadline passed before this line was sent",
+            ),
+            now_ms,
+        )
     return local_result(
         line,
         job_id,

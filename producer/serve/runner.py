@@ -39,7 +39,7 @@ from typing import Any
 from producer.bulk import Defaults, Scan
 from producer.client import QBatchClient
 from producer.collect import collect_job
-from producer.job_view import TERMINAL
+from producer.job_view import TERMINAL, JobView
 from producer.jobs import DEFAULT_CHUNK, JobStore, file_sha256, submit_job
 from producer.serve.batches import (
     FINAL,
@@ -208,6 +208,8 @@ class BatchRunner:
         if view is None and record.status == BatchStatus.cancelling:
             self._end_unsubmitted(record)
             return
+        if self._expire_if_due(record, view):
+            view = self.jobs.view(record.id)
         unsent = (
             view is None
             or view.status == JobStatus.submitting
@@ -236,10 +238,6 @@ class BatchRunner:
             return
         if record.status == BatchStatus.cancelling and view.status == JobStatus.running:
             self.jobs.cancel(record.id)  # the API's cancel came before the job existed
-        if view.status not in TERMINAL and time.time() >= record.expires_at and not record.ending:
-            self.batches.update(record.id, ending=BatchStatus.expired)
-            self.jobs.cancel(record.id)  # lines still queued end `cancelled`/`expired`
-            return
         if view.status in TERMINAL:
             ending = record.ending or (
                 BatchStatus.cancelled
@@ -257,6 +255,30 @@ class BatchRunner:
                 fresh = self.batches.load(record.id)
                 if fresh is not None:
                     self._finalize(fresh)
+
+    def _expire_if_due(self, record: BatchRecord, view: JobView | None) -> bool:
+        """Past its window: mark the batch to end `expired` and cancel its job.
+
+        Checked before any publishing, so a batch whose publish fails on every tick
+        still expires. The cancel makes `submit_job` answer the lines it never sent
+        itself (`expired`: each line's deadline is the window's end) without Kafka;
+        lines already published expire in the worker. A batch whose job never began
+        gets one first, so every line still has its outcome in the error file.
+        """
+        if record.ending or time.time() < record.expires_at:
+            return False
+        if view is not None and view.status in TERMINAL:
+            return False
+        self.batches.update(record.id, ending=BatchStatus.expired)
+        record.ending = BatchStatus.expired
+        if view is None:
+            found = self._scan(record)
+            if found is None or found[2]:
+                return False  # the unsent branch fails the batch `invalid_file`
+            scan, sha, _errors = found
+            self.jobs.begin(record.id, scan.total, f"serve:{record.input_file_id}", sha)
+        self.jobs.cancel(record.id)
+        return True
 
     def _end_unsubmitted(self, record: BatchRecord) -> None:
         """Cancelled before its job began: nothing ran, nothing to collect."""

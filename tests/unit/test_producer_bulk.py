@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given
@@ -260,6 +261,20 @@ def test_local_results_for_unsent_lines() -> None:
     cancelled = cancelled_result(good, "j", 1000)
     assert cancelled.status is Status.cancelled and cancelled.custom_id == "c"
     assert output_line(cancelled).response.status_code == 499  # type: ignore[union-attr]
+
+
+def test_an_unsent_line_past_its_deadline_is_answered_expired() -> None:
+    """An expiring serve batch cancels its job: lines never sent by then are `expired`
+    (as the worker answers queued ones), lines whose deadline is still ahead `cancelled`."""
+    deadline = datetime(2026, 1, 1, tzinfo=UTC)
+    (line,) = scan_lines([openai_line("c")], "j", defaults=Defaults(deadline=deadline)).lines
+    at = int(deadline.timestamp() * 1000)
+    expired = cancelled_result(line, "j", at)
+    assert expired.status is Status.expired and expired.error is not None
+    assert expired.error.code is ErrorCode.deadline_exceeded
+    assert output_line(expired).response.status_code == 408  # type: ignore[union-attr]
+    before = cancelled_result(line, "j", at - 1)
+    assert before.status is Status.cancelled
 
 
 # ---------------------------------------------------------------- status maths
