@@ -38,6 +38,7 @@ from producer.serve.batches import (
     new_batch_id,
     window_seconds,
 )
+from producer.serve.bodies import BATCH_BODY_BYTES, SYNC_BODY_BYTES, json_body
 from producer.serve.errors import ApiError, not_found
 from producer.serve.metrics import UsageRecorder
 from producer.serve.page import PAGE_BATCHES, register_page
@@ -258,7 +259,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
 
     @app.post("/v1/batches")
     async def create_batch(request: Request, tenant: Tenant) -> dict[str, Any]:
-        body = await _json_body(request)
+        body = await json_body(request, BATCH_BODY_BYTES)
         record = _new_record(state, tenant, body)
         max_active = (
             state.keyring.limits_for(tenant).max_concurrent_batches or cfg.max_concurrent_batches
@@ -324,7 +325,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     # ------------------------------------------------------------ sync + models
 
     async def sync(request: Request, tenant: str, endpoint: str) -> JSONResponse:
-        body = await _json_body(request)
+        body = await json_body(request, SYNC_BODY_BYTES)
         timeout = request_timeout(request.headers, cfg.sync_timeout_s, cfg.max_sync_timeout_s)
         status, payload = await run_in_threadpool(
             run_sync, state.client, body, endpoint, timeout, tenant, state.usage
@@ -375,13 +376,6 @@ def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
         "last_id": data[-1]["id"] if data else None,
         "has_more": has_more,
     }
-
-
-async def _json_body(request: Request) -> Any:
-    try:
-        return await request.json()
-    except ValueError:
-        raise ApiError(400, "the request body is not JSON", code="invalid_json") from None
 
 
 def _new_record(state: ServeState, tenant: str, body: Any) -> BatchRecord:

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from producer.serve.errors import ApiError
+from producer.serve.bodies import read_body
 
 COOKIE = "qbatch_key"
 REFRESH_S = 5
@@ -176,9 +176,7 @@ def register_page(
 
     @app.post("/login")
     async def login(request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > MAX_FORM_BYTES:
-            raise ApiError(413, "the sign-in form is too large", code="invalid_request")
+        raw = await read_body(request, MAX_FORM_BYTES)
         key = (parse_qs(raw.decode("utf-8", "replace")).get("key") or [""])[0].strip()
         if not key or keyring.tenant_for(key) is None:
             return HTMLResponse(render_login("That key is not valid."), status_code=401)
