@@ -31,6 +31,7 @@ import re
 import threading
 import types
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import regex
@@ -45,6 +46,7 @@ __all__ = [
     "REGEX_TIMEOUT_S",
     "STEP_BUDGET",
     "RegexTimeout",
+    "StepBudget",
     "TooCostly",
     "check",
     "errors",
@@ -223,13 +225,33 @@ def validator(schema: dict[str, Any]) -> Validator:
     return _validator_for(_key(schema))
 
 
-def errors(checker: Validator, instance: Any, budget: int = STEP_BUDGET) -> list[ValidationError]:
-    """Every error of `instance`, or `TooCostly` once `budget` keyword evaluations are
-    spent (per thread: the writer and the tool executor check concurrently)."""
-    _budget.left = budget
+@dataclass
+class StepBudget:
+    """Keyword evaluations several `errors()` calls share: one model response's tool calls
+    draw on one budget, so a response of a hundred costly calls costs what one does."""
+
+    total: int = STEP_BUDGET
+    left: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.left = self.total
+
+
+def errors(
+    checker: Validator, instance: Any, budget: int | StepBudget = STEP_BUDGET
+) -> list[ValidationError]:
+    """Every error of `instance`, or `TooCostly` once the budget's keyword evaluations are
+    spent (per thread: the writer and the tool executor check concurrently). An `int` is a
+    budget for this check alone; a `StepBudget` is drawn down and keeps what is left."""
+    shared = budget if isinstance(budget, StepBudget) else StepBudget(budget)
+    start = shared.left
+    _budget.left = start
     try:
         return list(checker.iter_errors(instance))
     except TooCostly:
-        raise TooCostly(f"more than {budget:,} steps to check") from None
+        spent = shared.total - start
+        earlier = f" ({spent:,} of {shared.total:,} spent by earlier checks)" if spent else ""
+        raise TooCostly(f"more than {start:,} steps to check{earlier}") from None
     finally:
+        shared.left = max(int(_budget.left or 0), 0)
         _budget.left = None

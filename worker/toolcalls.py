@@ -155,18 +155,21 @@ def _split_blocks(text: str) -> tuple[list[str], list[tuple[str, bool]]]:
 
 
 class _Validators:
-    """Argument validators, per tool (compiled once per schema, with time-limited regex
-    matching: see `schemas.json_schema`)."""
+    """Argument validators of one response, per tool (compiled once per schema, with
+    time-limited regex matching: see `schemas.json_schema`)."""
 
     def __init__(self, tools: list[Tool]) -> None:
         self.tools = {tool.function.name: tool for tool in tools}
+        self.budget = json_schema.StepBudget()
+        """One budget for the whole response: its calls draw on it in order, so many
+        costly calls hold the writer no longer than one would (~1 s)."""
 
     def validate(self, tool: Tool, arguments: dict[str, Any]) -> str | None:
         schema = tool.function.parameters
         if schema is None:
             return None
         try:
-            found = json_schema.errors(json_schema.validator(schema), arguments)
+            found = json_schema.errors(json_schema.validator(schema), arguments, self.budget)
         except json_schema.TooCostly as exc:
             return f"arguments invalid: too costly to check against the tool's schema ({exc})"
         error = best_match(found)

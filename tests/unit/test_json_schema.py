@@ -103,6 +103,46 @@ def test_an_exponential_check_is_cut_off_at_its_step_budget() -> None:
     assert json_schema.errors(checker, {"a": []}) == []
 
 
+def test_a_step_budget_is_drawn_down_across_checks() -> None:
+    checker = json_schema.validator({"type": "array", "items": {"type": "integer"}})
+    budget = json_schema.StepBudget(10_000)
+    assert json_schema.errors(checker, list(range(4_000)), budget) == []
+    first = budget.left
+    assert 0 < first < 10_000 - 4_000  # at least one step per item was spent
+    assert json_schema.errors(checker, list(range(4_000)), budget) == []
+    assert budget.left < first
+    with pytest.raises(json_schema.TooCostly, match="of 10,000 spent by earlier checks"):
+        json_schema.errors(checker, list(range(4_000)), budget)
+    assert budget.left == 0
+    with pytest.raises(json_schema.TooCostly):  # spent: even a tiny check is refused now
+        json_schema.errors(checker, [1], budget)
+
+
+def test_one_response_s_tool_calls_share_one_budget() -> None:
+    """Before, each call had the full budget: a response of n costly calls held the
+    writer n times as long. Now the third of three calls that each fit alone is refused."""
+    from schemas.messages import Tool
+    from worker.toolcalls import parse_output
+
+    schema = {
+        "type": "object",
+        "properties": {"xs": {"type": "array", "items": {"type": "integer"}}},
+    }
+    tool = Tool.model_validate(
+        {"type": "function", "function": {"name": "f", "parameters": schema}}
+    )
+    size = json_schema.STEP_BUDGET * 2 // 5  # each call alone is well inside the budget
+    block = (
+        '<tool_call>{"name": "f", "arguments": ' + json.dumps({"xs": [1] * size}) + "}</tool_call>"
+    )
+    alone = parse_output(block, tools=[tool], reasoning_enabled=False)
+    assert len(alone.tool_calls) == 1 and alone.errors == []
+    parsed = parse_output(block * 3, tools=[tool], reasoning_enabled=False)
+    assert len(parsed.tool_calls) == 2
+    (error,) = parsed.errors
+    assert error.index == 2 and "too costly to check" in error.reason
+
+
 def test_a_tool_call_too_costly_to_check_is_an_error_not_a_hang() -> None:
     from schemas.messages import Tool
     from worker.toolcalls import parse_output
