@@ -6,6 +6,8 @@ import json
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas import json_schema
 
@@ -156,3 +158,48 @@ def test_a_tool_call_too_costly_to_check_is_an_error_not_a_hang() -> None:
     assert parsed.tool_calls == []
     (error,) = parsed.errors
     assert "too costly to check" in error.reason
+
+
+# ---------------------------------------------------------------- uniqueItems
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.sampled_from([0.0, -0.0, 1.0, 2.5, 1e20, 10**20])
+    | st.sampled_from(["", "a", "1"]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["a", "b"]), inner, max_size=2)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_json, max_size=6))
+def test_unique_items_agrees_with_jsonschema(items: list) -> None:
+    """JSON equality as jsonschema has it: 1 == 1.0, true != 1, key order ignored."""
+    from jsonschema import Draft202012Validator
+
+    reference = bool(list(Draft202012Validator({"uniqueItems": True}).iter_errors(items)))
+    checker = json_schema.validator({"uniqueItems": True})
+    assert bool(json_schema.errors(checker, items)) == reference
+
+
+def test_unique_items_never_compares_every_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    """jsonschema's own `uniqueItems` compares every pair when the items are not all
+    sortable: 8,000 arrays and objects took 36 s of a writer's time as one keyword step
+    (`python -m tests.benchmarks.bench_unique_items`). The budgeted validator has its
+    own, linear one; jsonschema's is made to fail here to show it is never reached."""
+    import jsonschema._keywords
+
+    def quadratic(_container: object) -> bool:
+        raise AssertionError("jsonschema's pairwise uniq was called")
+
+    monkeypatch.setattr(jsonschema._keywords, "uniq", quadratic)  # the name it calls
+    checker = json_schema.validator({"type": "array", "uniqueItems": True})
+    mixed = [{"a": i} if i % 2 else [i] for i in range(8_000)]
+    assert json_schema.errors(checker, mixed) == []
+    (error,) = json_schema.errors(checker, [*mixed, {"a": 1}])
+    assert "non-unique elements" in error.message
