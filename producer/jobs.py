@@ -250,6 +250,8 @@ class SubmitReport:
     """Prompt-prefix families seen (placement prefix)."""
     placed: int = 0
     """Lines published to their family's partition (the others: Kafka's key partitioner)."""
+    paused: bool = False
+    """Stopped at the end of its time slice with lines left (`slice_s`): call again."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -265,6 +267,7 @@ class SubmitReport:
             "placement": self.placement,
             "families": self.families,
             "placed": self.placed,
+            "paused": self.paused,
             "lines_per_s": round(self.published / self.seconds, 1) if self.seconds else None,
         }
 
@@ -325,6 +328,7 @@ def submit_job(
     on_progress: Progress | None = None,
     lane: str | None = BULK,
     placement: str | PlacementMode = PlacementMode.prefix,
+    slice_s: float | None = None,
 ) -> SubmitReport:
     """Publish a scanned file (or any `LineSource`) as job `job_id`, resuming where an
     earlier run stopped.
@@ -335,6 +339,9 @@ def submit_job(
     most that chunk; the worker's written-once rule makes the re-sent lines harmless.
     `placement`: `prefix` (default) groups each chunk's lines by prompt-prefix family, a
     family to one partition (`producer.placement`); `none` publishes in file order.
+    `slice_s`: return after the first chunk that ends past this many seconds, with the
+    job still `submitting` and `paused` set, so a caller driving several jobs on one
+    thread (`qbatch serve`'s runner) can take turns; the next call resumes.
     """
     planner = planner_for(placement)
     started = time.monotonic()
@@ -354,9 +361,17 @@ def submit_job(
     if on_progress:
         on_progress(position, total)
     source = scan.lines_from(position)
+    first = position
+    slice_end = None if slice_s is None else started + slice_s
     while position < total:
         if store.cancel_requested(job_id):
             break
+        # at least one chunk a call, then stop once the slice is spent
+        if slice_end is not None and position > first and time.monotonic() >= slice_end:
+            report.paused = True
+            report.status = JobStatus.submitting
+            report.seconds = time.monotonic() - started
+            return report
         end = min(position + chunk, total)
         part = list(itertools.islice(source, end - position))
         report.published += publish_chunk(client, store, job_id, part, lane, planner)

@@ -10,8 +10,10 @@ batch of `{prefix}:serve:active` one step further:
   Good: `in_progress`.
 * `in_progress` / `cancelling`: submit the file as bulk job `batch_id` on the bulk lane
   (`producer.jobs.submit_job`; every line gets `deadline` = the batch's `expires_at`, so
-  a line still queued when the window closes is `expired` without running). When the
-  window closes early the job is cancelled. When the job is final: `finalizing`.
+  a line still queued when the window closes is `expired` without running), in slices
+  of `submit_slice_s` so that one huge batch does not hold every other batch up. When the
+  window closes first the job is cancelled (checked before each slice, so a batch whose
+  publish keeps failing still expires). When the job is final: `finalizing`.
 * `finalizing`: collect the job (`producer.collect.collect_job`) into an output file
   (successes) and an error file (the rest) in OpenAI's Batch output format, store both,
   and end `completed`, `cancelled` or `expired`.
@@ -75,6 +77,7 @@ class BatchRunner:
         *,
         interval_s: float = 0.5,
         chunk: int = DEFAULT_CHUNK,
+        submit_slice_s: float = 2.0,
     ) -> None:
         self.client = client
         self.batches = batches
@@ -82,6 +85,10 @@ class BatchRunner:
         self.storage = storage
         self.interval_s = interval_s
         self.chunk = chunk
+        self.submit_slice_s = submit_slice_s
+        """Publishing time one batch gets per pass before the others have their turn: a
+        million-line batch takes minutes to publish, and on one thread every other
+        tenant's batch (validation, finalizing) would wait behind it."""
         self._scans: dict[str, tuple[Scan, str]] = {}
         self.on_result: Callable[[str, ResultEnvelope], None] | None = None
         """(tenant, result) of every result a finalize reads (usage; counted once)."""
@@ -223,7 +230,7 @@ class BatchRunner:
                 )
                 return
             scan, sha, _errors = found
-            submit_job(
+            report = submit_job(
                 self.client,
                 self.jobs,
                 record.id,
@@ -232,7 +239,11 @@ class BatchRunner:
                 sha=sha,
                 chunk=self.chunk,
                 lane=BULK,
+                slice_s=self.submit_slice_s,
             )
+            if report.paused:  # other batches take their turn; come back at once
+                self.wake()
+                return
             view = self.jobs.view(record.id)
         if view is None:
             return

@@ -196,11 +196,14 @@ def _bg(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_bg_job_outlives_its_start_and_reports_its_own_status(tmp_path: Path) -> None:
     """A phase longer than a device call: `start` returns at once, `wait` says 75 while the
     job runs, then names the job's own exit status (1 for any failure, 0 for success)."""
-    started = _bg(tmp_path, "start", "job", 'echo "$FROM_CALLER it\'s"; sleep 2; exit 4')
+    gate = tmp_path / "gate"  # the job runs until the test opens it: no race with a timer
+    job = f'echo "$FROM_CALLER it\'s"; until [ -e {gate} ]; do sleep 0.05; done; exit 4'
+    started = _bg(tmp_path, "start", "job", job)
     assert started.returncode == 0, started.stderr
     assert _bg(tmp_path, "status", "job").stdout.strip() == "running"
     early = _bg(tmp_path, "wait", "job", "0")
     assert early.returncode == 75 and "job running" in early.stdout
+    gate.touch()
     done = _bg(tmp_path, "wait", "job", "30")
     assert done.returncode == 1, done.stdout
     assert "inherited it's" in done.stdout  # the log's tail, the caller's environment

@@ -1,11 +1,14 @@
-"""A `qbatch serve` batch past its completion window ends `expired`, every line answered,
-even where nothing could be published (real Kafka and Redis; the batch runner in
-process, since the API only offers a 24-hour window).
+"""`qbatch serve`'s batch runner, in process on real Kafka and Redis (the API only offers
+windows of an hour or more, and ticks are driven here one by one).
 
-The lane's topics are never created and the broker does not create topics on demand,
-so every publish to it fails after `max_block_ms`: the state of a cluster whose bulk
-topic is gone or unreachable. Before the expiry check came ahead of submitting, such a
-batch retried its publish on every tick and never expired.
+Expiry: a batch past its completion window ends `expired`, every line answered, even
+where nothing could be published. The expiry tests' lane topics are never created and the
+broker does not create topics on demand, so every publish fails after `max_block_ms`:
+the state of a cluster whose bulk topic is gone or unreachable. Before the expiry check
+came ahead of submitting, such a batch retried its publish on every tick and never
+expired.
+
+Turns: a huge batch publishes a slice per pass, so other batches do not wait for it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from producer.jobs import JobStore
 from producer.serve.batches import BatchRecord, BatchStatus, BatchStore, new_batch_id
 from producer.serve.runner import BatchRunner
 from producer.serve.storage import PURPOSE_BATCH, LocalStorage
+from schemas import JobStatus
 from tests.serve_fixtures import batch_lines, jsonl
 
 try:
@@ -54,9 +58,9 @@ def runner(tmp_path: Path) -> Iterator[BatchRunner]:
         lane.clean_redis()
 
 
-def _create(runner: BatchRunner, tmp: Path, expires_in_s: float) -> str:
+def _create(runner: BatchRunner, tmp: Path, expires_in_s: float, lines: int = LINES) -> str:
     src = tmp / "input.jsonl"
-    src.write_bytes(jsonl(batch_lines(LINES)))
+    src.write_bytes(jsonl(batch_lines(lines)))
     stored = runner.storage.put(src, tenant=TENANT, filename="input.jsonl", purpose=PURPOSE_BATCH)
     now = int(time.time())
     record = BatchRecord(
@@ -126,3 +130,40 @@ def test_a_batch_past_its_window_before_its_job_began_expires_without_publishing
     _assert_expired_with_every_line(runner, batch_id)
     view = runner.jobs.view(batch_id)
     assert view is not None and view.submitted == LINES
+
+
+def test_a_huge_batch_publishes_in_turns_with_the_others(tmp_path: Path) -> None:
+    """With a slice of 0 s a batch publishes one chunk a pass: the small batch beside
+    it is fully sent in the first pass instead of after the whole big one."""
+    lane = Lane.new("qbr")
+    lane.create_topics()
+    client = lane.client()
+    runner = BatchRunner(
+        client,
+        BatchStore(client.redis, client.keys),
+        JobStore.of(client),
+        LocalStorage(tmp_path / "files"),
+        chunk=50,
+        submit_slice_s=0.0,
+    )
+    try:
+        big = _create(runner, tmp_path, expires_in_s=3_600, lines=500)
+        small = _create(runner, tmp_path, expires_in_s=3_600, lines=3)
+        runner.tick()
+        small_view, big_view = runner.jobs.view(small), runner.jobs.view(big)
+        assert small_view is not None and small_view.submitted == 3
+        assert small_view.status == JobStatus.running
+        assert big_view is not None and big_view.status == JobStatus.submitting
+        assert big_view.submitted == 50  # one chunk, then the others' turn
+        passes = 1
+        while big_view.status == JobStatus.submitting and passes < 50:
+            runner.tick()
+            passes += 1
+            big_view = runner.jobs.view(big)
+            assert big_view is not None
+        assert big_view.submitted == 500 and big_view.status == JobStatus.running
+        assert passes == 10  # 500 lines in chunks of 50, one chunk a pass
+    finally:
+        client.close()
+        lane.delete_topics()
+        lane.clean_redis()
