@@ -50,6 +50,20 @@ OUTPUT_ID_PREFIX = "batch_req_"
 # ---------------------------------------------------------------- ids
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """A JSONL text's lines: split on `\n` only (a `\r` before it dropped).
+
+    Not `str.splitlines()`, which also breaks at U+2028, U+2029, U+0085 and other
+    characters JSON allows raw inside a string (`JSON.stringify` and Python's
+    `ensure_ascii=False` write them so): one such line became two broken ones and
+    every later line number moved.
+    """
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def check_job_id(job_id: str) -> str:
     """`job_id` if usable for a bulk job, else ContractError naming `job_id`."""
     if valid_id(job_id) is None or len(job_id) > MAX_JOB_ID_CHARS:

@@ -317,7 +317,7 @@ def _do_collect(
     if report.missing_results:
         err.print(
             f"[yellow]warning:[/] {report.missing_results} results expired from Redis "
-            "before they were collected"
+            "before they were collected (written as failed lines, internal_error)"
         )
     return report
 

@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,9 @@ class CollectReport:
     complete: bool = False
     interrupted: bool = False
     missing_results: int = 0
-    """Stream entries whose result key had expired and were not in an earlier output."""
+    """Stream entries whose result key had expired and were not in an earlier output:
+    each is written as a failed line (`lost_result`), so no line goes without an outcome,
+    and counted here so the loss is visible."""
     status: str = ""
     seconds: float = 0.0
     out: str = ""
@@ -96,6 +98,19 @@ def readable_result(raw: bytes, rid: str, job_id: str) -> ResultEnvelope:
             f"the stored result could not be read: {reason}",
             timings=None,
         )
+
+
+def lost_result(rid: str, job_id: str, fields: Mapping[str, str]) -> ResultEnvelope:
+    """The outcome of a line whose result expired from Redis before it was collected
+    (`result_ttl_s` shorter than the job took to collect): it ran, the answer is gone."""
+    ran = fields.get(StreamField.status) or "finished"
+    custom_id = fields.get(StreamField.custom_id) or None
+    return ResultEnvelope.failure(
+        RequestRef(request_id=rid, job_id=job_id, custom_id=custom_id),
+        ErrorCode.internal_error,
+        f"the line {ran}, but its result expired from Redis (result_ttl_s) before it was collected",
+        timings=None,
+    )
 
 
 def _existing_lines(job_id: str, paths: Iterable[Path]) -> dict[int, tuple[int, str, str]]:
@@ -170,7 +185,7 @@ def collect_job(
                     if not entries:
                         break
                     last = entries[-1][0]
-                    fresh: dict[int, tuple[int, str, str | None]] = {}
+                    fresh: dict[int, tuple[int, str, str | None, Mapping[str, str]]] = {}
                     for _eid, fields in entries:
                         rid = fields.get(StreamField.request_id, "")
                         parsed = parse_request_id(job_id, rid)
@@ -183,11 +198,13 @@ def collect_job(
                             prev is None or prev[0] < attempt
                         ):
                             # An inline result: the request_id held another job's result.
-                            fresh[line] = (attempt, rid, fields.get(StreamField.result))
+                            fresh[line] = (attempt, rid, fields.get(StreamField.result), fields)
                     items = sorted(fresh.items())
-                    raws = store.results([rid for _line, (_a, rid, inline) in items if not inline])
+                    raws = store.results(
+                        [rid for _line, (_a, rid, inline, _f) in items if not inline]
+                    )
                     found = iter(raws)
-                    for line, (attempt, rid, inline) in items:
+                    for line, (attempt, rid, inline, entry) in items:
                         raw = inline.encode() if inline else next(found)
                         if raw is not None:
                             result = readable_result(raw, rid, job_id)
@@ -202,8 +219,10 @@ def collect_job(
                             old = earlier.get(line)
                             if old is None or old[0] != attempt:
                                 report.missing_results += 1
-                                continue
-                            text, status = old[2], old[1]
+                                lost = lost_result(rid, job_id, entry)
+                                text, status = output_json(lost), lost.status.value
+                            else:
+                                text, status = old[2], old[1]
                         data = (text + "\n").encode("utf-8")
                         spool.seek(0, os.SEEK_END)
                         offset = spool.tell()
@@ -211,7 +230,7 @@ def collect_job(
                         kept[line] = _Kept(attempt, status, offset, len(data))
                     if on_progress:
                         on_progress(min(len(kept), total), total)
-                if view.finished and len(kept) + report.missing_results >= total:
+                if view.finished and len(kept) >= total:
                     report.complete = report.missing_results == 0
                     break
                 if deadline is not None and time.monotonic() >= deadline:

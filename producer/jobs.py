@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from producer.batch_output import cancelled_result, invalid_result
-from producer.bulk import Defaults, InputFormat, Line, Scan, parse_line, scan_lines
+from producer.bulk import Defaults, InputFormat, Line, Scan, jsonl_lines, parse_line, scan_lines
 from producer.client import QBatchClient, now_utc
 from producer.job_view import JobView
 from producer.placement import PlacementMode, PrefixPlanner, placement_mode
@@ -67,7 +67,7 @@ def file_sha256(path: Path) -> str:
 def read_lines(path: Path) -> list[str]:
     """A bulk file's lines (UTF-8; `-` is stdin is not supported: a file is needed to resume)."""
     with path.open("r", encoding="utf-8", newline="") as fh:
-        return fh.read().splitlines()
+        return jsonl_lines(fh.read())
 
 
 def scan_file(

@@ -31,6 +31,7 @@ from producer.serve.auth import KeyRing
 from producer.serve.batches import (
     ENDPOINTS,
     FINAL,
+    MAX_WINDOW_HOURS,
     BatchRecord,
     BatchStatus,
     BatchStore,
@@ -42,7 +43,7 @@ from producer.serve.bodies import BATCH_BODY_BYTES, SYNC_BODY_BYTES, json_body
 from producer.serve.errors import ApiError, not_found
 from producer.serve.metrics import UsageRecorder
 from producer.serve.page import PAGE_BATCHES, register_page
-from producer.serve.runner import BatchRunner
+from producer.serve.runner import COLLECT_MARGIN_S, BatchRunner
 from producer.serve.storage import PURPOSE_BATCH, FileStore, UploadTooLarge, check_jsonl
 from producer.serve.sync import request_timeout, run_sync
 from producer.serve.upload import FormReceiver
@@ -88,7 +89,8 @@ class ServeState:
 def build_state(
     config: ServeConfig, keyring: KeyRing, storage: FileStore, client: QBatchClient
 ) -> ServeState:
-    jobs = JobStore.of(client)
+    # A job hash must outlive the longest window (168 h) and the finalize after it.
+    jobs = JobStore.of(client, job_ttl_s=MAX_WINDOW_HOURS * 3_600 + COLLECT_MARGIN_S)
     batches = BatchStore(client.redis, client.keys)
     runner = BatchRunner(client, batches, jobs, storage)
     usage = UsageRecorder(UsageStore(client.redis, client.keys))

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from producer.bulk import Defaults, Scan
+from producer.bulk import Defaults, Scan, jsonl_lines
 from producer.client import QBatchClient
 from producer.collect import collect_job
 from producer.job_view import TERMINAL, JobView
@@ -51,7 +51,7 @@ from producer.serve.batches import (
     validate_input,
 )
 from producer.serve.storage import PURPOSE_OUTPUT, FileStore
-from schemas import JobStatus, ResultEnvelope, Status
+from schemas import JobStatus, ResultEnvelope, Status, limits
 from schemas.settings import BULK
 
 log = logging.getLogger("qbatch.serve")
@@ -63,6 +63,18 @@ def output_file_id(batch_id: str, kind: str) -> str:
     """The id of a batch's output (`kind` output) or error file: derived, so a finalize
     redone after a restart rewrites the same file."""
     return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:32]
+
+
+COLLECT_MARGIN_S = 86_400
+"""How long a line's result outlives the batch's window, for the finalize to read it."""
+
+
+def result_ttl_for(expires_at: float, now: float) -> int:
+    """A line's `result_ttl_s`: the rest of the window plus a day. The default (one day)
+    is shorter than the windows a batch may have (up to 168 h), and a result that expires
+    before the job ends is gone from both output files."""
+    ttl = int(expires_at - now) + COLLECT_MARGIN_S
+    return max(limits.DEFAULT_RESULT_TTL_S, min(ttl, limits.MAX_RESULT_TTL_S))
 
 
 class BatchRunner:
@@ -171,13 +183,17 @@ class BatchRunner:
         deadline = datetime.fromtimestamp(record.expires_at, UTC)
         with self.storage.local_copy(stored) as path:
             with path.open("r", encoding="utf-8", errors="replace", newline="") as fh:
-                texts = fh.read().splitlines()
+                texts = jsonl_lines(fh.read())
             sha = file_sha256(path)
         scan, errors = validate_input(
             texts,
             record.id,
             record.endpoint,
-            Defaults(routes=self.client.routes, deadline=deadline),
+            Defaults(
+                routes=self.client.routes,
+                deadline=deadline,
+                result_ttl_s=result_ttl_for(record.expires_at, time.time()),
+            ),
         )
         if not errors:
             self._scans[record.id] = (scan, sha)
@@ -355,4 +371,4 @@ class BatchRunner:
         return stored.id
 
 
-__all__ = ["BatchRunner", "output_file_id"]
+__all__ = ["BatchRunner", "output_file_id", "result_ttl_for"]

@@ -9,10 +9,15 @@ came ahead of submitting, such a batch retried its publish on every tick and nev
 expired.
 
 Turns: a huge batch publishes a slice per pass, so other batches do not wait for it.
+
+Lost results: a line whose result expired from Redis before the finalize is in the error
+file as a failed line, not missing from both files of a `completed` batch; and results
+now live for the window plus a day (the default day was shorter than a 72-h window).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -21,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from producer.bulk import request_id_for
 from producer.jobs import JobStore
 from producer.serve.batches import BatchRecord, BatchStatus, BatchStore, new_batch_id
 from producer.serve.runner import BatchRunner
@@ -29,9 +35,9 @@ from schemas import JobStatus
 from tests.serve_fixtures import batch_lines, jsonl
 
 try:
-    from tests.integration.workers import Lane
+    from tests.integration.workers import Lane, echo_worker
 except ModuleNotFoundError:
-    from workers import Lane  # type: ignore[no-redef]
+    from workers import Lane, echo_worker  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.integration
 
@@ -44,18 +50,35 @@ def _stack(stack: Any) -> None:
     """The local Kafka + Redis (conftest's `stack` starts it or fails loudly)."""
 
 
-@pytest.fixture
-def runner(tmp_path: Path) -> Iterator[BatchRunner]:
-    lane = Lane.new("qbx")  # topics deliberately not created
+@contextlib.contextmanager
+def lane_runner(
+    tmp: Path, name: str, *, topics: bool = True, **options: Any
+) -> Iterator[tuple[Lane, BatchRunner]]:
+    """A runner on a private lane (its topics created unless `topics=False`), cleaned up."""
+    lane = Lane.new(name)
+    if topics:
+        lane.create_topics()
     client = lane.client(producer_config={"max_block_ms": 1_500})
-    storage = LocalStorage(tmp_path / "files")
-    batches = BatchStore(client.redis, client.keys)
-    runner = BatchRunner(client, batches, JobStore.of(client), storage)
+    runner = BatchRunner(
+        client,
+        BatchStore(client.redis, client.keys),
+        JobStore.of(client),
+        LocalStorage(tmp / "files"),
+        **options,
+    )
     try:
-        yield runner
+        yield lane, runner
     finally:
         client.close()
+        if topics:
+            lane.delete_topics()
         lane.clean_redis()
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Iterator[BatchRunner]:
+    with lane_runner(tmp_path, "qbx", topics=False) as (_lane, runner):  # publishes fail
+        yield runner
 
 
 def _create(runner: BatchRunner, tmp: Path, expires_in_s: float, lines: int = LINES) -> str:
@@ -135,18 +158,7 @@ def test_a_batch_past_its_window_before_its_job_began_expires_without_publishing
 def test_a_huge_batch_publishes_in_turns_with_the_others(tmp_path: Path) -> None:
     """With a slice of 0 s a batch publishes one chunk a pass: the small batch beside
     it is fully sent in the first pass instead of after the whole big one."""
-    lane = Lane.new("qbr")
-    lane.create_topics()
-    client = lane.client()
-    runner = BatchRunner(
-        client,
-        BatchStore(client.redis, client.keys),
-        JobStore.of(client),
-        LocalStorage(tmp_path / "files"),
-        chunk=50,
-        submit_slice_s=0.0,
-    )
-    try:
+    with lane_runner(tmp_path, "qbr", chunk=50, submit_slice_s=0.0) as (_lane, runner):
         big = _create(runner, tmp_path, expires_in_s=3_600, lines=500)
         small = _create(runner, tmp_path, expires_in_s=3_600, lines=3)
         runner.tick()
@@ -163,7 +175,28 @@ def test_a_huge_batch_publishes_in_turns_with_the_others(tmp_path: Path) -> None
             assert big_view is not None
         assert big_view.submitted == 500 and big_view.status == JobStatus.running
         assert passes == 10  # 500 lines in chunks of 50, one chunk a pass
-    finally:
-        client.close()
-        lane.delete_topics()
-        lane.clean_redis()
+
+
+def test_a_result_lost_before_the_finalize_is_a_failed_line_not_a_gap(tmp_path: Path) -> None:
+    with lane_runner(tmp_path, "qbl") as (lane, runner):
+        client = runner.client
+        batch_id = _create(runner, tmp_path, expires_in_s=72 * 3_600, lines=3)
+        with echo_worker(lane, log=tmp_path / "worker.log"):
+            runner.tick()  # validates and publishes; the worker answers
+            deadline = time.monotonic() + 60
+            view = runner.jobs.view(batch_id)
+            while not (view is not None and view.finished) and time.monotonic() < deadline:
+                time.sleep(0.2)
+                view = runner.jobs.view(batch_id)
+            assert view is not None and view.finished, view
+        first = request_id_for(batch_id, 1)
+        ttl = client.redis.ttl(client.keys.result(first))
+        assert ttl > 72 * 3_600  # the window and a day, not the default day
+        client.redis.delete(client.keys.result(first))  # as if it had expired
+        runner.tick()  # finalizes
+        record = runner.batches.load(batch_id)
+        assert record is not None and record.status == BatchStatus.completed, record
+        assert record.final_counts == {"total": 3, "completed": 2, "failed": 1}
+        (lost,) = _error_lines(runner, record)
+        assert lost["custom_id"] == "c0" and lost["error"]["code"] == "internal_error"
+        assert "expired from Redis" in lost["error"]["message"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -21,11 +22,13 @@ from producer.bulk import (
     InputFormat,
     check_job_id,
     detect_format,
+    jsonl_lines,
     parse_request_id,
     request_id_for,
     scan_lines,
 )
 from producer.job_view import JobView
+from producer.jobs import scan_file
 from schemas import (
     BatchOutputLine,
     ContractError,
@@ -332,3 +335,22 @@ def test_an_unreadable_stored_result_becomes_a_failed_line_not_a_stopped_collect
         assert result.request_id == "job.2" and result.job_id == "job"
         assert result.error.code is ErrorCode.internal_error
         assert result.error.message.startswith("the stored result could not be read: ")
+
+
+def test_jsonl_lines_split_on_newlines_only(tmp_path: Path) -> None:
+    """U+2028/U+2029/U+0085 are legal raw inside a JSON string (`ensure_ascii=False`,
+    `JSON.stringify`); `str.splitlines()` broke such a line in two."""
+    assert jsonl_lines("a\r\nb\n\nc\u2028d\u2029e\x85f\n") == ["a", "b", "", "c\u2028d\u2029e\x85f"]
+    assert jsonl_lines("") == [] and jsonl_lines("x") == ["x"]
+    body = {"model": "m", "messages": [{"role": "user", "content": "one\u2028two\u2029three\x85"}]}
+    path = tmp_path / "in.jsonl"
+    line = json.dumps(
+        {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": body},
+        ensure_ascii=False,
+    )
+    path.write_text(line + "\n" + openai_line("d") + "\n", encoding="utf-8")
+    scan = scan_file(path, "j")
+    assert scan.total == 2 and not scan.bad
+    first = scan.lines[0]
+    assert first.line == 1 and first.envelope is not None
+    assert scan.lines[1].line == 2 and scan.lines[1].custom_id == "d"

@@ -167,3 +167,14 @@ def test_error_bodies_and_ids() -> None:
     assert openai_param("(envelope)") is None
     out, err = output_file_id("batch_1", "output"), output_file_id("batch_1", "error")
     assert out != err and out == output_file_id("batch_1", "output") and FILE_ID.match(out)
+
+
+def test_a_lines_result_outlives_the_batch_window_by_a_day() -> None:
+    from producer.serve.runner import result_ttl_for
+
+    now = 1_800_000_000.0
+    assert result_ttl_for(now + 72 * 3_600, now) == 96 * 3_600
+    assert result_ttl_for(now + 168 * 3_600, now) == 192 * 3_600
+    assert result_ttl_for(now + 3_600, now) == 25 * 3_600
+    assert result_ttl_for(now - 10, now) == 86_400  # already past: still the default
+    assert result_ttl_for(now + 90 * 86_400, now) == 30 * 86_400  # the contract's ceiling
