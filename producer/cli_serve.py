@@ -72,6 +72,22 @@ def serve(
             min=1,
         ),
     ] = 600.0,
+    forwarded_allow_ips: Annotated[
+        str,
+        typer.Option(
+            envvar=_env("FORWARDED_ALLOW_IPS"),
+            help="Proxies whose X-Forwarded-Proto/-For are believed (comma-separated, or *): "
+            "behind a TLS-ending Ingress, so the sign-in cookie is Secure.",
+        ),
+    ] = "127.0.0.1",
+    max_sync_inflight: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("MAX_SYNC_INFLIGHT"),
+            help="chat/completions requests waiting for their answer at once; past it: 429.",
+            min=1,
+        ),
+    ] = 256,
     models: Annotated[
         str,
         typer.Option(envvar=_env("MODELS"), help="Comma-separated names /v1/models lists."),
@@ -121,6 +137,7 @@ def serve(
         max_upload_bytes=max_upload_bytes,
         max_concurrent_batches=max_concurrent_batches,
         sync_timeout_s=sync_timeout,
+        max_sync_inflight=max_sync_inflight,
         models=tuple(m.strip() for m in models.split(",") if m.strip()),
     )
     state = build_state(config, keyring, store, client_for(opts(ctx)))
@@ -131,6 +148,8 @@ def serve(
         log_level=log_level,
         ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
         ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+        proxy_headers=True,
+        forwarded_allow_ips=forwarded_allow_ips,
     )
 
 

@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-import anyio.to_thread
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -45,7 +44,7 @@ from producer.serve.metrics import UsageRecorder
 from producer.serve.page import PAGE_BATCHES, register_page
 from producer.serve.runner import COLLECT_MARGIN_S, BatchRunner
 from producer.serve.storage import PURPOSE_BATCH, FileStore, UploadTooLarge, check_jsonl
-from producer.serve.sync import request_timeout, run_sync
+from producer.serve.sync import SyncSlots, request_timeout, run_sync
 from producer.serve.upload import FormReceiver
 from producer.usage import UsageStore
 from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
@@ -131,9 +130,6 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        anyio.to_thread.current_default_thread_limiter().total_tokens = max(
-            40, state.config.max_sync_inflight
-        )
         if run_batches:
             state.runner.start()
         try:
@@ -145,6 +141,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     app = FastAPI(title="qbatch serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serve = state
     cfg = state.config
+    slots = SyncSlots(cfg.max_sync_inflight)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -168,7 +165,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         return _json_error(ApiError(500, "internal error", code="internal_error"))
 
     @app.get("/healthz")
-    def healthz() -> dict[str, Any]:
+    async def healthz() -> dict[str, Any]:  # on the event loop: answered with every thread busy
         return {"ok": True}
 
     @app.get("/metrics")
@@ -210,8 +207,13 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
                     code="invalid_file_format",
                     param="file",
                 )
-            stored = state.storage.commit(
-                upload, tenant=tenant, filename=receiver.filename or "", purpose=purpose
+            # off the event loop: with S3 storage this is an upload of up to the limit
+            stored = await run_in_threadpool(
+                state.storage.commit,
+                upload,
+                tenant=tenant,
+                filename=receiver.filename or "",
+                purpose=purpose,
             )
         except UploadTooLarge:
             receiver.discard()
@@ -262,7 +264,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     @app.post("/v1/batches")
     async def create_batch(request: Request, tenant: Tenant) -> dict[str, Any]:
         body = await json_body(request, BATCH_BODY_BYTES)
-        record = _new_record(state, tenant, body)
+        record = await run_in_threadpool(_new_record, state, tenant, body)  # reads storage
         max_active = (
             state.keyring.limits_for(tenant).max_concurrent_batches or cfg.max_concurrent_batches
         )
@@ -329,7 +331,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     async def sync(request: Request, tenant: str, endpoint: str) -> JSONResponse:
         body = await json_body(request, SYNC_BODY_BYTES)
         timeout = request_timeout(request.headers, cfg.sync_timeout_s, cfg.max_sync_timeout_s)
-        status, payload = await run_in_threadpool(
+        status, payload = await slots.run(
             run_sync, state.client, body, endpoint, timeout, tenant, state.usage
         )
         return JSONResponse(payload, status_code=status)

@@ -35,6 +35,9 @@ from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, RedisKeys
 
 ENDPOINTS = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT)
 MAX_ERRORS = 1_000
+MAX_ERRORS_BYTES = 64 * 1024
+MAX_MESSAGE_CHARS = 500
+MAX_PARAM_CHARS = 200
 """At most this many per-line errors are kept on a failed batch (the rest are counted)."""
 MAX_WINDOW_HOURS = 168
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
@@ -177,7 +180,31 @@ def batch_object(record: BatchRecord, view: JobView | None) -> dict[str, Any]:
 
 
 def _error(code: str, line: int | None, message: str, param: str | None) -> dict[str, Any]:
+    """One entry of `errors.data`; message and param cut short (they may echo a line's
+    keys and values, which are the uploader's, of any length)."""
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "..."
+    if param is not None and len(param) > MAX_PARAM_CHARS:
+        param = param[:MAX_PARAM_CHARS] + "..."
     return {"code": code, "line": line, "message": message, "param": param}
+
+
+def _capped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """At most MAX_ERRORS entries and MAX_ERRORS_BYTES of JSON, then one entry saying how
+    many more there were: the list is stored in the batch hash and sent with every read
+    of the batch, and a failed batch does not count towards the active-batch limit, so
+    its size must not follow the size of the file."""
+    kept: list[dict[str, Any]] = []
+    size = 0
+    for entry in errors[:MAX_ERRORS]:
+        size += len(json.dumps(entry)) + 2  # and the ", " between entries
+        if size > MAX_ERRORS_BYTES:
+            break
+        kept.append(entry)
+    if len(kept) < len(errors):
+        more = len(errors) - len(kept)
+        kept.append(_error("too_many_errors", None, f"{more} more bad lines not listed", None))
+    return kept
 
 
 def validate_input(
@@ -217,11 +244,7 @@ def validate_input(
             )
     if not scan.lines:
         errors.append(_error("empty_file", None, "the input file holds no requests", None))
-    if len(errors) > MAX_ERRORS:
-        more = len(errors) - MAX_ERRORS
-        errors = errors[:MAX_ERRORS]
-        errors.append(_error("too_many_errors", None, f"{more} more bad lines not listed", None))
-    return scan, errors
+    return scan, _capped(errors)
 
 
 # ---------------------------------------------------------------- Redis

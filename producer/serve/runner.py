@@ -48,6 +48,7 @@ from producer.serve.batches import (
     BatchRecord,
     BatchStatus,
     BatchStore,
+    request_counts,
     validate_input,
 )
 from producer.serve.storage import PURPOSE_OUTPUT, FileStore
@@ -162,14 +163,21 @@ class BatchRunner:
             self._finalize(record)
 
     def _fail(self, record: BatchRecord, code: str, message: str) -> None:
+        """End the batch `failed`. A job it had begun is cancelled (the workers answer its
+        unstarted lines, nobody collects them) and its counts are frozen as they stand."""
         error = {"code": code, "line": None, "message": message, "param": None}
+        view = self.jobs.view(record.id)
+        if view is not None:
+            self.jobs.cancel(record.id)
         if self.batches.transition(
             record.id,
             (BatchStatus.validating, *DRIVEN),
             status=BatchStatus.failed,
             failed_at=int(time.time()),
             errors=[error],
+            final_counts=request_counts(record, view),
         ):
+            self._scans.pop(record.id, None)
             self.batches.finish(record)
 
     def _scan(self, record: BatchRecord) -> tuple[Scan, str, list[dict[str, Any]]] | None:
@@ -260,23 +268,32 @@ class BatchRunner:
             if report.paused:  # other batches take their turn; come back at once
                 self.wake()
                 return
+            self._scans.pop(record.id, None)  # all sent: the parsed file is not needed now
             view = self.jobs.view(record.id)
         if view is None:
             return
         if record.status == BatchStatus.cancelling and view.status == JobStatus.running:
             self.jobs.cancel(record.id)  # the API's cancel came before the job existed
         if view.status in TERMINAL:
-            ending = record.ending or (
-                BatchStatus.cancelled
-                if record.status == BatchStatus.cancelling
-                else BatchStatus.completed
+            # The ending follows the status at the moment of the switch, not the one read
+            # at the start of the pass: a cancel landing in between ends `cancelled`.
+            endings = (
+                [(DRIVEN, record.ending)]
+                if record.ending
+                else [
+                    ((BatchStatus.in_progress,), BatchStatus.completed),
+                    ((BatchStatus.cancelling,), BatchStatus.cancelled),
+                ]
             )
-            if self.batches.transition(
-                record.id,
-                DRIVEN,
-                status=BatchStatus.finalizing,
-                finalizing_at=int(time.time()),
-                ending=ending,
+            if any(
+                self.batches.transition(
+                    record.id,
+                    allowed,
+                    status=BatchStatus.finalizing,
+                    finalizing_at=int(time.time()),
+                    ending=ending,
+                )
+                for allowed, ending in endings
             ):
                 self._scans.pop(record.id, None)
                 fresh = self.batches.load(record.id)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import redis
 from kafka.errors import KafkaError
 
@@ -42,6 +44,45 @@ def request_timeout(headers: Mapping[str, str], default: float, maximum: float) 
     if not math.isfinite(value) or value <= 0:
         value = default
     return min(value, maximum)
+
+
+class SyncSlots:
+    """Threads for sync requests, apart from every other route's.
+
+    A sync request holds a thread while it waits for its answer (up to its client's
+    timeout, an hour at most). On the server's one shared pool, as many slow requests
+    as the pool has threads stopped `/v1/files`, `/v1/batches`, every other tenant and
+    `/healthz` (a liveness probe that fails restarts the pod, losing what is in flight).
+    So sync requests get their own `anyio.CapacityLimiter`, and one past the limit is
+    answered 429 at once (the `openai` SDK backs off and retries a 429 by itself).
+    Used from the event loop only (no lock: nothing awaits between check and count).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.limiter = anyio.CapacityLimiter(limit)
+        self.in_flight = 0
+
+    def take(self) -> None:
+        if self.in_flight >= self.limit:
+            raise ApiError(
+                429,
+                f"the server has {self.limit} chat/completions requests in flight (its "
+                "limit, --max-sync-inflight); retry shortly",
+                code="rate_limit_exceeded",
+            )
+        self.in_flight += 1
+
+    def give(self) -> None:
+        self.in_flight -= 1
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on a thread of this pool, past `take()`."""
+        self.take()
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        finally:
+            self.give()
 
 
 def run_sync(
@@ -87,4 +128,4 @@ def run_sync(
     return status_code(result), error_body(result)
 
 
-__all__ = ["GRACE_S", "TIMEOUT_HEADER", "request_timeout", "run_sync"]
+__all__ = ["GRACE_S", "TIMEOUT_HEADER", "SyncSlots", "request_timeout", "run_sync"]

@@ -177,18 +177,42 @@ def test_a_huge_batch_publishes_in_turns_with_the_others(tmp_path: Path) -> None
         assert passes == 10  # 500 lines in chunks of 50, one chunk a pass
 
 
+def _answered(lane: Lane, runner: BatchRunner, tmp: Path, expires_in_s: float, lines: int) -> str:
+    """A batch run by an echo worker until its job is finished (not yet finalized)."""
+    batch_id = _create(runner, tmp, expires_in_s=expires_in_s, lines=lines)
+    with echo_worker(lane, log=tmp / "worker.log"):
+        runner.tick()  # validates and publishes; the worker answers
+        deadline = time.monotonic() + 60
+        view = runner.jobs.view(batch_id)
+        while not (view is not None and view.finished) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            view = runner.jobs.view(batch_id)
+        assert view is not None and view.finished, view
+    return batch_id
+
+
+def test_a_cancel_landing_during_a_pass_ends_the_batch_cancelled(tmp_path: Path) -> None:
+    """The runner read the batch `in_progress`; the API's cancel came before the pass
+    switched it to finalizing. The ending follows the status at the switch."""
+    with lane_runner(tmp_path, "qbc") as (lane, runner):
+        batch_id = _answered(lane, runner, tmp_path, expires_in_s=3_600, lines=2)
+        stale = runner.batches.load(batch_id)
+        assert stale is not None and stale.status == BatchStatus.in_progress
+        assert runner.batches.transition(  # what POST /v1/batches/{id}/cancel writes
+            batch_id,
+            (BatchStatus.in_progress,),
+            status=BatchStatus.cancelling,
+            cancelling_at=int(time.time()),
+        )
+        runner._drive(stale)  # the pass that read the record before the cancel
+        record = runner.batches.load(batch_id)
+        assert record is not None and record.status == BatchStatus.cancelled, record
+
+
 def test_a_result_lost_before_the_finalize_is_a_failed_line_not_a_gap(tmp_path: Path) -> None:
     with lane_runner(tmp_path, "qbl") as (lane, runner):
         client = runner.client
-        batch_id = _create(runner, tmp_path, expires_in_s=72 * 3_600, lines=3)
-        with echo_worker(lane, log=tmp_path / "worker.log"):
-            runner.tick()  # validates and publishes; the worker answers
-            deadline = time.monotonic() + 60
-            view = runner.jobs.view(batch_id)
-            while not (view is not None and view.finished) and time.monotonic() < deadline:
-                time.sleep(0.2)
-                view = runner.jobs.view(batch_id)
-            assert view is not None and view.finished, view
+        batch_id = _answered(lane, runner, tmp_path, expires_in_s=72 * 3_600, lines=3)
         first = request_id_for(batch_id, 1)
         ttl = client.redis.ttl(client.keys.result(first))
         assert ttl > 72 * 3_600  # the window and a day, not the default day
@@ -200,3 +224,28 @@ def test_a_result_lost_before_the_finalize_is_a_failed_line_not_a_gap(tmp_path: 
         (lost,) = _error_lines(runner, record)
         assert lost["custom_id"] == "c0" and lost["error"]["code"] == "internal_error"
         assert "expired from Redis" in lost["error"]["message"]
+
+
+def test_input_deleted_mid_submission_fails_the_batch_and_cancels_its_job(
+    tmp_path: Path,
+) -> None:
+    """OpenAI users delete input files after creating batches. After a restart (the
+    parsed file is gone with the old process) the file cannot be read again: the batch
+    ends `failed`, its half-published job is cancelled (the workers answer the unstarted
+    lines; nothing is collected) and its counts stay as they were."""
+    with lane_runner(tmp_path, "qbd", chunk=5, submit_slice_s=0.0) as (_lane, runner):
+        batch_id = _create(runner, tmp_path, expires_in_s=3_600, lines=10)
+        runner.tick()  # validates, publishes the first chunk, pauses
+        view = runner.jobs.view(batch_id)
+        assert view is not None and view.submitted == 5
+        record = runner.batches.load(batch_id)
+        assert record is not None
+        assert runner.storage.delete(record.input_file_id, TENANT)
+        restarted = BatchRunner(runner.client, runner.batches, runner.jobs, runner.storage)
+        restarted.tick()
+        record = restarted.batches.load(batch_id)
+        assert record is not None and record.status == BatchStatus.failed, record
+        assert record.errors is not None and "changed or gone" in record.errors[0]["message"]
+        assert record.final_counts == {"total": 10, "completed": 0, "failed": 0}
+        assert restarted.jobs.cancel_requested(batch_id)
+        assert batch_id not in restarted.batches.active_ids()

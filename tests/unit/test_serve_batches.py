@@ -130,7 +130,32 @@ def test_native_envelopes_and_empty_files_are_refused() -> None:
 
 def test_many_bad_lines_are_capped() -> None:
     _scan, errors = validate_input(["[]"] * 1_005, "b", CHAT)
-    assert len(errors) == 1_001 and errors[-1]["code"] == "too_many_errors"
+    assert errors[-1]["code"] == "too_many_errors"
+    listed = len(errors) - 1
+    assert (
+        0 < listed <= 1_000
+        and errors[-1]["message"] == f"{1_005 - listed} more bad lines not listed"
+    )
+    assert len(json.dumps(errors)) <= 64 * 1024 + 200
+
+
+def test_an_error_list_does_not_grow_with_what_the_lines_echo() -> None:
+    """A line's unknown key is echoed in `param` and `message`: 9 MB of such lines made an
+    18 MB error list, stored in the batch hash and sent with every read of the batch."""
+    long_key = "k" * 100_000
+    line = json.dumps(
+        {
+            "custom_id": "c",
+            "method": "POST",
+            "url": CHAT,
+            "body": {"messages": [{"role": "user", "content": "x"}], long_key: 1},
+        }
+    )
+    _scan, errors = validate_input([line] * 90, "b", CHAT)
+    assert len(json.dumps(errors)) <= 64 * 1024 + 200
+    first = errors[0]
+    assert len(first["message"]) <= 503 and (first["param"] is None or len(first["param"]) <= 203)
+    assert errors[-1]["code"] == "too_many_errors"
 
 
 @pytest.mark.parametrize(("window", "seconds"), [("24h", 86_400), ("1h", 3_600), ("168h", 604_800)])

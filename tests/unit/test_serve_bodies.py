@@ -16,24 +16,18 @@ from typing import Any
 
 import pytest
 
-from producer.client import QBatchClient
-from producer.serve.app import ServeConfig, build_state, create_app
-from producer.serve.auth import load_keyring
 from producer.serve.bodies import BATCH_BODY_BYTES, SYNC_BODY_BYTES
 from producer.serve.page import MAX_FORM_BYTES
-from producer.serve.storage import LocalStorage
+from tests.serve_fixtures import KEY_A, offline_app
 
-KEY = "sk-bodies-test-0123456789"
+KEY = KEY_A
 CHUNK = 64 * 1024
 FLOOD = 256 * 1024 * 1024  # what a client offers; far more than any route may read
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    client = QBatchClient(bootstrap="127.0.0.1:9", redis_url="redis://127.0.0.1:9")
-    files = LocalStorage(tmp_path_factory.mktemp("files"))
-    state = build_state(ServeConfig(), load_keyring(f"{KEY}:team-a", None), files, client)
-    return create_app(state, run_batches=False)
+    return offline_app(tmp_path_factory.mktemp("files"))
 
 
 class Result:
