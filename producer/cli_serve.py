@@ -138,6 +138,7 @@ def serve(
         max_concurrent_batches=max_concurrent_batches,
         sync_timeout_s=sync_timeout,
         max_sync_inflight=max_sync_inflight,
+        metrics_token=os.environ.get("QBATCH_SERVE_METRICS_TOKEN") or None,
         models=tuple(m.strip() for m in models.split(",") if m.strip()),
     )
     state = build_state(config, keyring, store, client_for(opts(ctx)))

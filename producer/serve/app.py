@@ -10,6 +10,7 @@ code}}`.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -68,6 +69,9 @@ class ServeConfig:
     max_sync_timeout_s: float = 3_600.0
     max_sync_inflight: int = 256
     models: tuple[str, ...] = ()
+    metrics_token: str | None = None
+    """When set, `/metrics` needs `Authorization: Bearer` this token: its series name every
+    tenant and its volumes (QBATCH_SERVE_METRICS_TOKEN; not a flag, it is a secret)."""
     started: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -169,8 +173,15 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         return {"ok": True}
 
     @app.get("/metrics")
-    def metrics() -> Response:
-        """Prometheus exposition (no key, like /healthz: scrapers hold no tenant key)."""
+    def metrics(request: Request) -> Response:
+        """Prometheus exposition. Scrapers hold no tenant key: open, or behind its own
+        token (`metrics_token`), since the series name every tenant."""
+        if cfg.metrics_token is not None:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), cfg.metrics_token.encode()
+            ):
+                raise ApiError(401, "/metrics needs the metrics token", code="invalid_api_key")
         return Response(state.usage.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     # ------------------------------------------------------------ files

@@ -1,10 +1,11 @@
-"""`qbatch serve` reads no whole body past its route's ceiling (`producer.serve.bodies`).
+"""The real `qbatch serve` app driven as ASGI, in process: what it reads and who it lets in.
 
-The real app is driven as ASGI with a `receive` that counts what the server pulled, so
-the test sees how much of an oversized body was read, not just the status: before the
-ceiling, `/login` (no key needed) buffered a body of any size and only then compared it
-to 4 KiB. The app's Kafka and Redis are never reached (the client connects lazily and
-every request here is refused before it would).
+Body ceilings (`producer.serve.bodies`): no whole body past its route's ceiling is read.
+The app's `receive` counts what the server pulled, so the test sees how much of an
+oversized body was read, not just the status: before the ceiling, `/login` (no key
+needed) buffered a body of any size and only then compared it to 4 KiB. And `/metrics`
+behind its own token when one is set. The app's Kafka and Redis are never reached (the
+client connects lazily and every request here is answered before it would).
 """
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ def call(
     path: str,
     chunks: Iterator[bytes],
     headers: dict[str, str],
+    method: str = "POST",
 ) -> Result:
     out = Result()
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "POST",
+        "method": method,
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
@@ -143,3 +145,19 @@ def test_a_batch_body_with_the_largest_metadata_fits_its_ceiling(app: Any) -> No
     ).encode()
     result = call(app, "/v1/batches", iter([body]), AUTH)
     assert result.read == len(body) and result.status != 413, result.body
+
+
+def test_metrics_needs_its_token_when_one_is_set(tmp_path: Any) -> None:
+    from producer.serve.app import ServeConfig
+
+    closed = offline_app(tmp_path / "files", ServeConfig(metrics_token="scrape-secret"))
+    get = {"method": "GET"}
+    for headers, status in (
+        ({}, 401),
+        ({"authorization": "Bearer wrong"}, 401),
+        ({"authorization": f"Bearer {KEY}"}, 401),  # a tenant key is not the token
+        ({"authorization": "Bearer scrape-secret"}, 200),
+    ):
+        assert call(closed, "/metrics", iter([]), headers, **get).status == status, headers
+    open_app = offline_app(tmp_path / "files2")
+    assert call(open_app, "/metrics", iter([]), {}, **get).status == 200
