@@ -65,8 +65,9 @@ def file_sha256(path: Path) -> str:
 
 
 def read_lines(path: Path) -> list[str]:
-    """A bulk file's lines (UTF-8; `-` is stdin is not supported: a file is needed to resume)."""
-    with path.open("r", encoding="utf-8", newline="") as fh:
+    """A bulk file's lines (UTF-8, a leading byte-order mark skipped; `-` is stdin is not
+    supported: a file is needed to resume)."""
+    with path.open("r", encoding="utf-8-sig", newline="") as fh:
         return jsonl_lines(fh.read())
 
 

@@ -190,7 +190,7 @@ class BatchRunner:
             return None
         deadline = datetime.fromtimestamp(record.expires_at, UTC)
         with self.storage.local_copy(stored) as path:
-            with path.open("r", encoding="utf-8", errors="replace", newline="") as fh:
+            with path.open("r", encoding="utf-8-sig", errors="replace", newline="") as fh:
                 texts = jsonl_lines(fh.read())
             sha = file_sha256(path)
         scan, errors = validate_input(

@@ -20,6 +20,7 @@ a restart rewrites the same files instead of leaving orphans.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -387,6 +388,8 @@ def check_jsonl(path: Path) -> str | None:
     count = 0
     with path.open("rb") as fh:
         for number, raw in enumerate(fh, start=1):
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)  # Windows tools write one; harmless
             try:
                 text = raw.decode("utf-8").strip()
             except UnicodeDecodeError as exc:

@@ -354,3 +354,10 @@ def test_jsonl_lines_split_on_newlines_only(tmp_path: Path) -> None:
     first = scan.lines[0]
     assert first.line == 1 and first.envelope is not None
     assert scan.lines[1].line == 2 and scan.lines[1].custom_id == "d"
+
+
+def test_a_leading_byte_order_mark_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + openai_line("c").encode() + b"\n")
+    (line,) = scan_file(path, "j").lines
+    assert line.ok and line.custom_id == "c"

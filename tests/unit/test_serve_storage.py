@@ -239,6 +239,8 @@ def test_a_path_opens_a_local_directory(tmp_path: Path) -> None:
         (b'{"a": 1}\n[1]\n', "line 2 is not a JSON object"),
         (b'{"a": "\xff"}\n', "line 1 is not UTF-8"),
         (b"\n\n", "no lines"),
+        (b'\xef\xbb\xbf{"a": 1}\n', None),  # a byte-order mark (Windows tools) is skipped
+        (b'{"a": 1}\n\xef\xbb\xbf{"b": 2}\n', "line 2 is not JSON"),  # only at the start
     ],
 )
 def test_jsonl_check(tmp_path: Path, data: bytes, problem: str | None) -> None:
