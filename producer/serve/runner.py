@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from producer.batch_output import local_result
 from producer.bulk import Defaults, Scan, jsonl_lines
 from producer.client import QBatchClient
 from producer.collect import collect_job
@@ -52,7 +53,7 @@ from producer.serve.batches import (
     validate_input,
 )
 from producer.serve.storage import PURPOSE_OUTPUT, FileStore
-from schemas import JobStatus, ResultEnvelope, Status, limits
+from schemas import ErrorCode, ErrorInfo, JobStatus, ResultEnvelope, Status, limits
 from schemas.settings import BULK
 
 log = logging.getLogger("qbatch.serve")
@@ -91,6 +92,7 @@ class BatchRunner:
         interval_s: float = 0.5,
         chunk: int = DEFAULT_CHUNK,
         submit_slice_s: float = 2.0,
+        expiry_grace_s: float = 300.0,
     ) -> None:
         self.client = client
         self.batches = batches
@@ -99,6 +101,9 @@ class BatchRunner:
         self.interval_s = interval_s
         self.chunk = chunk
         self.submit_slice_s = submit_slice_s
+        self.expiry_grace_s = expiry_grace_s
+        """How long after an expired batch's window the workers have to answer its queued
+        lines before the runner answers the rest itself (`_answer_unanswered`)."""
         """Publishing time one batch gets per pass before the others have their turn: a
         million-line batch takes minutes to publish, and on one thread every other
         tenant's batch (validation, finalizing) would wait behind it."""
@@ -274,6 +279,13 @@ class BatchRunner:
             return
         if record.status == BatchStatus.cancelling and view.status == JobStatus.running:
             self.jobs.cancel(record.id)  # the API's cancel came before the job existed
+        if (
+            record.ending == BatchStatus.expired
+            and view.status not in TERMINAL
+            and time.time() >= record.expires_at + self.expiry_grace_s
+        ):
+            self._answer_unanswered(record)
+            view = self.jobs.view(record.id) or view
         if view.status in TERMINAL:
             # The ending follows the status at the moment of the switch, not the one read
             # at the start of the pass: a cancel landing in between ends `cancelled`.
@@ -299,6 +311,40 @@ class BatchRunner:
                 fresh = self.batches.load(record.id)
                 if fresh is not None:
                     self._finalize(fresh)
+
+    def _answer_unanswered(self, record: BatchRecord) -> None:
+        """`expiry_grace_s` after the window: every line still without a result is
+        answered `expired` here. The workers answer queued lines of an expired batch
+        themselves, but only if some are running; without this a batch nobody consumes
+        would stay `in_progress` past its window for ever. Written once each: a line a
+        worker answered keeps that answer, and a worker's answer arriving later is
+        dropped."""
+        found = self._scan(record)
+        if found is None or found[2]:
+            log.warning(
+                "serve: batch %s expired; its input is gone, lines wait for workers", record.id
+            )
+            return
+        scan = found[0]
+        ms = int(time.time() * 1000)
+        late = ErrorInfo(
+            code=ErrorCode.deadline_exceeded,
+            message="the batch's completion window ended before this line was answered",
+        )
+        written = self.jobs.write_results(
+            [
+                (
+                    local_result(line, record.id, Status.expired, late, ms),
+                    line.envelope.result_ttl_s,
+                )
+                for line in scan.lines
+                if line.envelope is not None
+            ]
+        )
+        self._scans.pop(record.id, None)
+        log.info(
+            "serve: batch %s expired; %d unanswered lines answered expired", record.id, written
+        )
 
     def _expire_if_due(self, record: BatchRecord, view: JobView | None) -> bool:
         """Past its window: mark the batch to end `expired` and cancel its job.

@@ -249,3 +249,23 @@ def test_input_deleted_mid_submission_fails_the_batch_and_cancels_its_job(
         assert record.final_counts == {"total": 10, "completed": 0, "failed": 0}
         assert restarted.jobs.cancel_requested(batch_id)
         assert batch_id not in restarted.batches.active_ids()
+
+
+def test_an_expired_batch_nobody_consumes_still_ends(tmp_path: Path) -> None:
+    """Its lines went out, but no worker reads the topic: once the window and the grace
+    after it have passed, the runner answers every unanswered line `expired` itself
+    (before, the batch stayed `in_progress` past its window for ever)."""
+    with lane_runner(tmp_path, "qbn", expiry_grace_s=0.0) as (_lane, runner):
+        batch_id = _create(runner, tmp_path, expires_in_s=2)
+        runner.tick()  # validates and publishes; nobody consumes
+        view = runner.jobs.view(batch_id)
+        assert view is not None and view.submitted == LINES and not view.finished
+        record = runner.batches.load(batch_id)
+        assert record is not None
+        time.sleep(max(0.0, record.expires_at - time.time()) + 0.1)
+        runner.tick()
+        _assert_expired_with_every_line(runner, batch_id)
+        record = runner.batches.load(batch_id)
+        assert record is not None
+        for line in _error_lines(runner, record):
+            assert "completion window ended" in line["error"]["message"]
