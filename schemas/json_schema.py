@@ -289,6 +289,11 @@ def errors(
         spent = shared.total - start
         earlier = f" ({spent:,} of {shared.total:,} spent by earlier checks)" if spent else ""
         raise TooCostly(f"more than {start:,} steps to check{earlier}") from None
+    except RecursionError:
+        # jsonschema (and `_json_key`) descend recursively: a value nested a few hundred
+        # levels deep, which JSON allows, must be a refusal, not an exception that stops
+        # the caller (the tool executor's loop).
+        raise TooCostly("nested too deeply to check") from None
     finally:
         shared.left = max(int(_budget.left or 0), 0)
         _budget.left = None

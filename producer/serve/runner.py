@@ -246,6 +246,16 @@ class BatchRunner:
             return
         if self._expire_if_due(record, view):
             view = self.jobs.view(record.id)
+        if (
+            record.status == BatchStatus.cancelling
+            and view is not None
+            and view.status not in TERMINAL
+            and not self.jobs.cancel_requested(record.id)
+        ):
+            # The API's cancel found no job yet (this pass began it): cancel it now, so
+            # the lines not yet published are answered here, not sent slice by slice.
+            self.jobs.cancel(record.id)
+            view = self.jobs.view(record.id)
         unsent = (
             view is None
             or view.status == JobStatus.submitting
@@ -277,8 +287,6 @@ class BatchRunner:
             view = self.jobs.view(record.id)
         if view is None:
             return
-        if record.status == BatchStatus.cancelling and view.status == JobStatus.running:
-            self.jobs.cancel(record.id)  # the API's cancel came before the job existed
         if (
             record.ending == BatchStatus.expired
             and view.status not in TERMINAL

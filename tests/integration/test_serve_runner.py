@@ -269,3 +269,29 @@ def test_an_expired_batch_nobody_consumes_still_ends(tmp_path: Path) -> None:
         assert record is not None
         for line in _error_lines(runner, record):
             assert "completion window ended" in line["error"]["message"]
+
+
+def test_a_cancel_before_the_job_began_stops_publishing_at_the_next_pass(
+    tmp_path: Path,
+) -> None:
+    """The runner read the batch `in_progress`; the API's cancel found no job (so it set
+    no cancel flag); that pass began the job and published one slice. The next pass
+    cancels the job, and the lines not yet published are answered `cancelled` here
+    instead of being published slice after slice."""
+    with lane_runner(tmp_path, "qbk", chunk=5, submit_slice_s=0.0) as (_lane, runner):
+        batch_id = _create(runner, tmp_path, expires_in_s=3_600, lines=40)
+        assert runner.batches.transition(
+            batch_id, (BatchStatus.validating,), status=BatchStatus.in_progress
+        )
+        stale = runner.batches.load(batch_id)
+        assert stale is not None
+        assert runner.batches.transition(  # the API's cancel
+            batch_id, (BatchStatus.in_progress,), status=BatchStatus.cancelling
+        )
+        assert runner.jobs.cancel(batch_id) == ""  # no job yet: no flag
+        runner._drive(stale)  # begins the job, publishes one slice
+        view = runner.jobs.view(batch_id)
+        assert view is not None and view.submitted == 5
+        runner.tick()
+        view = runner.jobs.view(batch_id)
+        assert view is not None and view.cancelled == 35, view  # answered, never published

@@ -203,3 +203,23 @@ def test_unique_items_never_compares_every_pair(monkeypatch: pytest.MonkeyPatch)
     assert json_schema.errors(checker, mixed) == []
     (error,) = json_schema.errors(checker, [*mixed, {"a": 1}])
     assert "non-unique elements" in error.message
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}},
+        {"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"},
+    ],
+)
+def test_a_value_nested_too_deep_to_check_is_too_costly_not_a_crash(schema: dict) -> None:
+    """JSON allows values nested far deeper than the checks can descend (uniqueItems'
+    keys, jsonschema's own recursion): RecursionError escaped `errors()` and stopped the
+    tool executor, which catches only TooCostly."""
+    value: object = 1
+    for _ in range(3_000):
+        value = [value]
+    instance = {"tags": [value]} if "properties" in schema else value
+    checker = json_schema.validator(schema)
+    with pytest.raises(json_schema.TooCostly, match="nested too deeply"):
+        json_schema.errors(checker, instance)
