@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,6 +62,27 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def line_bitmap(numbers: Iterable[int]) -> bytes:
+    """Line numbers (>= 1) as a bitmap, bit n most significant first (Redis' SETBIT)."""
+    bits = bytearray()
+    for n in numbers:
+        byte, bit = divmod(n, 8)
+        if byte >= len(bits):
+            bits.extend(bytes(byte + 1 - len(bits)))
+        bits[byte] |= 0x80 >> bit
+    return bytes(bits)
+
+
+def bitmap_lines(bitmap: bytes) -> list[int]:
+    return [
+        i * 8 + bit
+        for i, byte in enumerate(bitmap)
+        if byte
+        for bit in range(8)
+        if byte & (0x80 >> bit)
+    ]
 
 
 def read_lines(path: Path) -> list[str]:
@@ -182,6 +203,17 @@ class JobStore:
                 args=[total, self.job_ttl_s],
             )
         )
+
+    def remember_lines(self, job_id: str, numbers: Iterable[int]) -> None:
+        """Store the job's request line numbers (`RedisKeys.job_lines`) unless stored."""
+        self.redis.set(
+            self.keys.job_lines(job_id), line_bitmap(numbers), ex=self.job_ttl_s, nx=True
+        )
+
+    def remembered_lines(self, job_id: str) -> list[int] | None:
+        """The line numbers `remember_lines` stored, None when there are none."""
+        raw = self.redis.get(self.keys.job_lines(job_id))
+        return None if raw is None else bitmap_lines(raw)
 
     def cancel_requested(self, job_id: str) -> bool:
         return bool(self.redis.exists(self.keys.job_cancel(job_id)))

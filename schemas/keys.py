@@ -106,6 +106,13 @@ class RedisKeys:
     def job_cancel(self, job_id: str) -> str:
         return f"{self.job(job_id)}:cancel"
 
+    def job_lines(self, job_id: str) -> str:
+        """String: a bitmap of the job's request line numbers (bit n, most significant
+        first as SETBIT counts, set when physical line n is a request). `qbatch serve`
+        writes it before publishing, so an expired batch's unanswered lines can be
+        answered even after its input file was deleted."""
+        return f"{self.job(job_id)}:lines"
+
     def job_counted(self, job_id: str) -> str:
         """Set (cluster layout only): the request ids this job's counters include. On a
         cluster a result and its job live in different slots, so the result is written

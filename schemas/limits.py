@@ -25,7 +25,7 @@ ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_CUSTOM_ID_CHARS = 512
 PRIORITY_BOUND = 2**31
-RESERVED_JOB_SUFFIXES = (":done", ":cancel", ":counted")
+RESERVED_JOB_SUFFIXES = (":done", ":cancel", ":counted", ":lines")
 """A job_id may not end with these: `{prefix}:job:{job_id}` + suffix names the job's own
 stream and cancel flag (see schemas/keys.py), so a job called `vic:done` would be job
 `vic`'s stream."""

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from producer.batch_output import local_result
-from producer.bulk import Defaults, Scan, jsonl_lines
+from producer.bulk import Defaults, Scan, jsonl_lines, request_id_for
 from producer.client import QBatchClient
 from producer.collect import collect_job
 from producer.job_view import TERMINAL, JobView
@@ -54,6 +54,8 @@ from producer.serve.batches import (
 )
 from producer.serve.storage import PURPOSE_OUTPUT, FileStore
 from schemas import ErrorCode, ErrorInfo, JobStatus, ResultEnvelope, Status, limits
+from schemas.ref import RequestRef
+from schemas.result import Timings
 from schemas.settings import BULK
 
 log = logging.getLogger("qbatch.serve")
@@ -108,6 +110,8 @@ class BatchRunner:
         million-line batch takes minutes to publish, and on one thread every other
         tenant's batch (validation, finalizing) would wait behind it."""
         self._scans: dict[str, tuple[Scan, str]] = {}
+        self._stuck: set[str] = set()
+        """Expired batches whose lines cannot be known (warned about once)."""
         self.on_result: Callable[[str, ResultEnvelope], None] | None = None
         """(tenant, result) of every result a finalize reads (usage; counted once)."""
         self._stop = threading.Event()
@@ -269,6 +273,8 @@ class BatchRunner:
                 )
                 return
             scan, sha, _errors = found
+            if view is None or view.submitted == 0:
+                self.jobs.remember_lines(record.id, (line.line for line in scan.lines))
             report = submit_job(
                 self.client,
                 self.jobs,
@@ -326,33 +332,46 @@ class BatchRunner:
         themselves, but only if some are running; without this a batch nobody consumes
         would stay `in_progress` past its window for ever. Written once each: a line a
         worker answered keeps that answer, and a worker's answer arriving later is
-        dropped."""
-        found = self._scan(record)
-        if found is None or found[2]:
-            log.warning(
-                "serve: batch %s expired; its input is gone, lines wait for workers", record.id
-            )
-            return
-        scan = found[0]
+        dropped. The lines come from the input file (with their custom_ids) or, when it
+        was deleted or no longer validates, from the line numbers stored before
+        publishing (`JobStore.remember_lines`; custom_id then null)."""
         ms = int(time.time() * 1000)
         late = ErrorInfo(
             code=ErrorCode.deadline_exceeded,
             message="the batch's completion window ended before this line was answered",
         )
-        written = self.jobs.write_results(
-            [
-                (
-                    local_result(line, record.id, Status.expired, late, ms),
-                    line.envelope.result_ttl_s,
-                )
-                for line in scan.lines
-                if line.envelope is not None
+        found = self._scan(record)
+        if found is not None and not found[2]:
+            results = [
+                (local_result(line, record.id, Status.expired, late, ms), env.result_ttl_s)
+                for line in found[0].lines
+                if (env := line.envelope) is not None
             ]
-        )
+        else:
+            numbers = self.jobs.remembered_lines(record.id)
+            if numbers is None:
+                if record.id not in self._stuck:
+                    self._stuck.add(record.id)
+                    log.warning(
+                        "serve: batch %s expired, its lines unknown: left to workers", record.id
+                    )
+                return
+            ttl = result_ttl_for(record.expires_at, time.time())
+            results = [
+                (
+                    ResultEnvelope.for_request(
+                        RequestRef(request_id=request_id_for(record.id, n), job_id=record.id),
+                        Status.expired,
+                        error=late,
+                        timings=Timings(submitted=ms, finished=ms),
+                    ),
+                    ttl,
+                )
+                for n in numbers
+            ]
+        written = self.jobs.write_results(results)
         self._scans.pop(record.id, None)
-        log.info(
-            "serve: batch %s expired; %d unanswered lines answered expired", record.id, written
-        )
+        log.info("serve: batch %s expired: %d unanswered lines answered", record.id, written)
 
     def _expire_if_due(self, record: BatchRecord, view: JobView | None) -> bool:
         """Past its window: mark the batch to end `expired` and cancel its job.

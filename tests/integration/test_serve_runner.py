@@ -295,3 +295,27 @@ def test_a_cancel_before_the_job_began_stops_publishing_at_the_next_pass(
         runner.tick()
         view = runner.jobs.view(batch_id)
         assert view is not None and view.cancelled == 35, view  # answered, never published
+
+
+def test_an_expired_batch_whose_input_was_deleted_still_ends(tmp_path: Path) -> None:
+    """The sweep reads the line numbers stored before publishing when the input file is
+    gone: every line answered `expired` (custom_id then unknown), the batch ends."""
+    with lane_runner(tmp_path, "qbg", expiry_grace_s=0.0) as (_lane, runner):
+        batch_id = _create(runner, tmp_path, expires_in_s=2)
+        runner.tick()  # validates and publishes; nobody consumes
+        record = runner.batches.load(batch_id)
+        assert record is not None
+        assert runner.jobs.remembered_lines(batch_id) == list(range(1, LINES + 1))
+        assert runner.storage.delete(record.input_file_id, TENANT)
+        restarted = BatchRunner(  # a restart: nothing of the file in memory either
+            runner.client, runner.batches, runner.jobs, runner.storage, expiry_grace_s=0.0
+        )
+        time.sleep(max(0.0, record.expires_at - time.time()) + 0.1)
+        restarted.tick()
+        record = restarted.batches.load(batch_id)
+        assert record is not None and record.status == BatchStatus.expired, record
+        assert record.final_counts == {"total": LINES, "completed": 0, "failed": LINES}
+        lines = _error_lines(restarted, record)
+        assert len(lines) == LINES
+        assert {line["error"]["code"] for line in lines} == {"deadline_exceeded"}
+        assert {line["custom_id"] for line in lines} == {None}

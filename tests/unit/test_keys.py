@@ -41,6 +41,7 @@ def all_keys(
             ("job_stream", job, keys.job_stream(job)),
             ("job_cancel", job, keys.job_cancel(job)),
             ("job_counted", job, keys.job_counted(job)),
+            ("job_lines", job, keys.job_lines(job)),
             ("strikes", job, keys.strikes(job)),
             # qbatch serve: batch ids and tenant names come from the same id alphabet
             ("serve_batch", job, keys.serve_batch(job)),
@@ -120,7 +121,7 @@ def test_cluster_keys_a_script_touches_together_share_a_slot(
 ) -> None:
     keys = RedisKeys(prefix, cluster=True)
     assert crc16_slot(keys.result(rid)) == crc16_slot(keys.done(rid))
-    job_keys = (keys.job, keys.job_stream, keys.job_cancel, keys.job_counted)
+    job_keys = (keys.job, keys.job_stream, keys.job_cancel, keys.job_counted, keys.job_lines)
     assert len({crc16_slot(k(job)) for k in job_keys}) == 1
     serve = [keys.serve_batch(job), keys.serve_tenant_batches(rid), keys.serve_active()]
     serve.append(keys.serve_tenant_active(rid))

@@ -361,3 +361,16 @@ def test_a_leading_byte_order_mark_is_skipped(tmp_path: Path) -> None:
     path.write_bytes(b"\xef\xbb\xbf" + openai_line("c").encode() + b"\n")
     (line,) = scan_file(path, "j").lines
     assert line.ok and line.custom_id == "c"
+
+
+@given(st.sets(st.integers(1, 5_000), max_size=200))
+def test_line_bitmap_round_trips(numbers: set[int]) -> None:
+    from producer.jobs import bitmap_lines, line_bitmap
+
+    assert bitmap_lines(line_bitmap(numbers)) == sorted(numbers)
+
+
+def test_line_bitmap_counts_bits_as_redis_setbit_does() -> None:
+    from producer.jobs import line_bitmap
+
+    assert line_bitmap([1]) == b"\x40" and line_bitmap([8]) == b"\x00\x80"
