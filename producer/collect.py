@@ -46,9 +46,9 @@ class CollectReport:
     complete: bool = False
     interrupted: bool = False
     missing_results: int = 0
-    """Stream entries whose result key had expired and were not in an earlier output:
-    each is written as a failed line (`lost_result`), so no line goes without an outcome,
-    and counted here so the loss is visible."""
+    """Lines whose result key had expired before any collect read it: each is written as
+    a failed line (`lost_result`), so no line goes without an outcome and the collect is
+    complete, and counted here (again by a re-collect) so the loss stays visible."""
     status: str = ""
     seconds: float = 0.0
     out: str = ""
@@ -100,6 +100,9 @@ def readable_result(raw: bytes, rid: str, job_id: str) -> ResultEnvelope:
         )
 
 
+LOST = "its result expired from Redis (result_ttl_s) before it was collected"
+
+
 def lost_result(rid: str, job_id: str, fields: Mapping[str, str]) -> ResultEnvelope:
     """The outcome of a line whose result expired from Redis before it was collected
     (`result_ttl_s` shorter than the job took to collect): it ran, the answer is gone."""
@@ -108,7 +111,7 @@ def lost_result(rid: str, job_id: str, fields: Mapping[str, str]) -> ResultEnvel
     return ResultEnvelope.failure(
         RequestRef(request_id=rid, job_id=job_id, custom_id=custom_id),
         ErrorCode.internal_error,
-        f"the line {ran}, but its result expired from Redis (result_ttl_s) before it was collected",
+        f"the line {ran}, but {LOST}",
         timings=None,
     )
 
@@ -223,6 +226,8 @@ def collect_job(
                                 text, status = output_json(lost), lost.status.value
                             else:
                                 text, status = old[2], old[1]
+                                if LOST in text:  # an earlier collect found it lost
+                                    report.missing_results += 1
                         data = (text + "\n").encode("utf-8")
                         spool.seek(0, os.SEEK_END)
                         offset = spool.tell()
@@ -231,7 +236,7 @@ def collect_job(
                     if on_progress:
                         on_progress(min(len(kept), total), total)
                 if view.finished and len(kept) >= total:
-                    report.complete = report.missing_results == 0
+                    report.complete = True  # every line has an outcome (lost ones: failed)
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     break

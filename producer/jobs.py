@@ -362,6 +362,7 @@ def submit_job(
     lane: str | None = BULK,
     placement: str | PlacementMode = PlacementMode.prefix,
     slice_s: float | None = None,
+    planner: PrefixPlanner | None = None,
 ) -> SubmitReport:
     """Publish a scanned file (or any `LineSource`) as job `job_id`, resuming where an
     earlier run stopped.
@@ -374,9 +375,12 @@ def submit_job(
     family to one partition (`producer.placement`); `none` publishes in file order.
     `slice_s`: return after the first chunk that ends past this many seconds, with the
     job still `submitting` and `paused` set, so a caller driving several jobs on one
-    thread (`qbatch serve`'s runner) can take turns; the next call resumes.
+    thread (`qbatch serve`'s runner) can take turns; the next call resumes. Such a caller
+    passes the job's own `planner` to every call, so a family's runs go on rotating over
+    partitions across slices instead of starting again at its home partition.
     """
-    planner = planner_for(placement)
+    if planner is None or placement_mode(placement) is not PlacementMode.prefix:
+        planner = planner_for(placement)
     started = time.monotonic()
     total = scan.total
     report = SubmitReport(job_id, total, invalid=scan.invalid, placement=placement_mode(placement))

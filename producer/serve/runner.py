@@ -44,6 +44,7 @@ from producer.client import QBatchClient
 from producer.collect import collect_job
 from producer.job_view import TERMINAL, JobView
 from producer.jobs import DEFAULT_CHUNK, JobStore, file_sha256, submit_job
+from producer.placement import PrefixPlanner
 from producer.serve.batches import (
     FINAL,
     BatchRecord,
@@ -110,6 +111,8 @@ class BatchRunner:
         million-line batch takes minutes to publish, and on one thread every other
         tenant's batch (validation, finalizing) would wait behind it."""
         self._scans: dict[str, tuple[Scan, str]] = {}
+        self._planners: dict[str, PrefixPlanner] = {}
+        """Each submitting batch's placement planner, kept across its slices."""
         self._stuck: set[str] = set()
         """Expired batches whose lines cannot be known (warned about once)."""
         self.on_result: Callable[[str, ResultEnvelope], None] | None = None
@@ -187,6 +190,7 @@ class BatchRunner:
             final_counts=request_counts(record, view),
         ):
             self._scans.pop(record.id, None)
+            self._planners.pop(record.id, None)
             self.batches.finish(record)
 
     def _scan(self, record: BatchRecord) -> tuple[Scan, str, list[dict[str, Any]]] | None:
@@ -285,11 +289,13 @@ class BatchRunner:
                 chunk=self.chunk,
                 lane=BULK,
                 slice_s=self.submit_slice_s,
+                planner=self._planners.setdefault(record.id, PrefixPlanner()),
             )
             if report.paused:  # other batches take their turn; come back at once
                 self.wake()
                 return
             self._scans.pop(record.id, None)  # all sent: the parsed file is not needed now
+            self._planners.pop(record.id, None)
             view = self.jobs.view(record.id)
         if view is None:
             return

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from producer.bulk import request_id_for
+from producer.collect import collect_job
 from producer.jobs import JobStore
 from producer.serve.batches import BatchRecord, BatchStatus, BatchStore, new_batch_id
 from producer.serve.runner import BatchRunner
@@ -319,3 +320,19 @@ def test_an_expired_batch_whose_input_was_deleted_still_ends(tmp_path: Path) -> 
         assert len(lines) == LINES
         assert {line["error"]["code"] for line in lines} == {"deadline_exceeded"}
         assert {line["custom_id"] for line in lines} == {None}
+
+
+def test_collect_counts_a_lost_result_but_is_complete_and_recounts_it(tmp_path: Path) -> None:
+    """`collect_job` (what `qbatch bulk collect` and the finalize run): a lost result is
+    a failed line, the collect is complete (every line has an outcome), the loss is
+    counted, and a re-collect that reuses the earlier output counts it again."""
+    with lane_runner(tmp_path, "qbm") as (lane, runner):
+        batch_id = _answered(lane, runner, tmp_path, expires_in_s=3_600, lines=3)
+        runner.client.redis.delete(runner.client.keys.result(request_id_for(batch_id, 2)))
+        out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+        for _ in range(2):
+            report = collect_job(runner.jobs, batch_id, out, errors=errors, timeout=30)
+            assert report.complete and report.written == 3 and report.missing_results == 1
+            assert report.counts["failed"] == 1 and report.counts["succeeded"] == 2
+        (lost,) = [json.loads(text) for text in errors.read_text().splitlines()]
+        assert lost["custom_id"] == "c1" and lost["error"]["code"] == "internal_error"
