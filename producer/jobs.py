@@ -133,6 +133,53 @@ class GeneratedLines:
                 )
 
 
+class TextLines:
+    """A validated file's request lines kept as text and parsed again as they are sent.
+
+    A `Scan` holds every line as a parsed envelope, ~24x the file's size; a file that
+    passed validation (so no bad or repeated line) only needs its text kept until it
+    is sent: about its own size. Parsing again gives the same envelopes (same text,
+    line number, format and `defaults`)."""
+
+    def __init__(
+        self,
+        scan: Scan,
+        texts: Sequence[str],
+        job_id: str,
+        *,
+        defaults: Defaults | None = None,
+        attempt: int = 0,
+    ) -> None:
+        if scan.bad:
+            raise ValueError("TextLines holds only a file whose every line is valid")
+        self.format = scan.format
+        self.numbered = [(line.line, texts[line.line - 1].strip()) for line in scan.lines]
+        self.job_id = job_id
+        self.defaults = defaults
+        self.attempt = attempt
+        self.invalid = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.numbered)
+
+    @property
+    def numbers(self) -> list[int]:
+        """The request lines' physical line numbers."""
+        return [number for number, _text in self.numbered]
+
+    def lines_from(self, position: int) -> Iterator[Line]:
+        for number, text in itertools.islice(self.numbered, position, None):
+            yield parse_line(
+                text,
+                number,
+                self.format,
+                self.job_id,
+                attempt=self.attempt,
+                defaults=self.defaults,
+            )
+
+
 class JobError(RuntimeError):
     """A job-level problem: unknown job, conflicting re-run, wrong state."""
 

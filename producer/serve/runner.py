@@ -39,11 +39,18 @@ from pathlib import Path
 from typing import Any
 
 from producer.batch_output import local_result
-from producer.bulk import Defaults, Scan, jsonl_lines, request_id_for
+from producer.bulk import Defaults, jsonl_lines, request_id_for
 from producer.client import QBatchClient
 from producer.collect import collect_job
 from producer.job_view import TERMINAL, JobView
-from producer.jobs import DEFAULT_CHUNK, JobStore, file_sha256, submit_job
+from producer.jobs import (
+    DEFAULT_CHUNK,
+    JobStore,
+    LineSource,
+    TextLines,
+    file_sha256,
+    submit_job,
+)
 from producer.placement import PrefixPlanner
 from producer.serve.batches import (
     FINAL,
@@ -110,7 +117,7 @@ class BatchRunner:
         """Publishing time one batch gets per pass before the others have their turn: a
         million-line batch takes minutes to publish, and on one thread every other
         tenant's batch (validation, finalizing) would wait behind it."""
-        self._scans: dict[str, tuple[Scan, str]] = {}
+        self._scans: dict[str, tuple[LineSource, str]] = {}
         self._planners: dict[str, PrefixPlanner] = {}
         """Each submitting batch's placement planner, kept across its slices."""
         self._stuck: set[str] = set()
@@ -193,8 +200,9 @@ class BatchRunner:
             self._planners.pop(record.id, None)
             self.batches.finish(record)
 
-    def _scan(self, record: BatchRecord) -> tuple[Scan, str, list[dict[str, Any]]] | None:
-        """The validated input (scan, sha256, errors), or None when the file is gone."""
+    def _scan(self, record: BatchRecord) -> tuple[LineSource, str, list[dict[str, Any]]] | None:
+        """The validated input (its lines, sha256, errors), or None when the file is gone.
+        A valid file is kept as `TextLines` (its text), not as the parsed scan."""
         cached = self._scans.get(record.id)
         if cached is not None:
             return cached[0], cached[1], []
@@ -206,19 +214,17 @@ class BatchRunner:
             with path.open("r", encoding="utf-8-sig", errors="replace", newline="") as fh:
                 texts = jsonl_lines(fh.read())
             sha = file_sha256(path)
-        scan, errors = validate_input(
-            texts,
-            record.id,
-            record.endpoint,
-            Defaults(
-                routes=self.client.routes,
-                deadline=deadline,
-                result_ttl_s=result_ttl_for(record.expires_at, time.time()),
-            ),
+        defaults = Defaults(
+            routes=self.client.routes,
+            deadline=deadline,
+            result_ttl_s=result_ttl_for(record.expires_at, time.time()),
         )
-        if not errors:
-            self._scans[record.id] = (scan, sha)
-        return scan, sha, errors
+        scan, errors = validate_input(texts, record.id, record.endpoint, defaults)
+        if errors:
+            return scan, sha, errors
+        lines = TextLines(scan, texts, record.id, defaults=defaults)
+        self._scans[record.id] = (lines, sha)
+        return lines, sha, errors
 
     def _validate(self, record: BatchRecord) -> None:
         found = self._scan(record)
@@ -277,8 +283,8 @@ class BatchRunner:
                 )
                 return
             scan, sha, _errors = found
-            if view is None or view.submitted == 0:
-                self.jobs.remember_lines(record.id, (line.line for line in scan.lines))
+            if isinstance(scan, TextLines) and (view is None or view.submitted == 0):
+                self.jobs.remember_lines(record.id, scan.numbers)
             report = submit_job(
                 self.client,
                 self.jobs,
@@ -350,7 +356,7 @@ class BatchRunner:
         if found is not None and not found[2]:
             results = [
                 (local_result(line, record.id, Status.expired, late, ms), env.result_ttl_s)
-                for line in found[0].lines
+                for line in found[0].lines_from(0)
                 if (env := line.envelope) is not None
             ]
         else:

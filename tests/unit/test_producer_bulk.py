@@ -374,3 +374,23 @@ def test_line_bitmap_counts_bits_as_redis_setbit_does() -> None:
     from producer.jobs import line_bitmap
 
     assert line_bitmap([1]) == b"\x40" and line_bitmap([8]) == b"\x00\x80"
+
+
+def test_text_lines_parse_to_the_scan_s_envelopes() -> None:
+    """`TextLines` keeps a valid file as text (serve holds a batch's input until it is
+    sent) and parses it again as it is sent: the same envelopes, ids and line numbers."""
+    from producer.jobs import TextLines
+
+    defaults = Defaults(deadline=datetime(2030, 1, 1, tzinfo=UTC), result_ttl_s=7_200)
+    texts = [openai_line("a"), "", "  ", openai_line("b"), openai_line("c")]
+    scan = scan_lines(texts, "j", defaults=defaults)
+    lines = TextLines(scan, texts, "j", defaults=defaults)
+    assert lines.total == 3 and lines.invalid == 0 and lines.numbers == [1, 4, 5]
+    for position in (0, 1, 3):
+        again = list(lines.lines_from(position))
+        assert [(x.line, x.request_id, x.custom_id) for x in again] == [
+            (x.line, x.request_id, x.custom_id) for x in scan.lines[position:]
+        ]
+        assert [x.envelope for x in again] == [x.envelope for x in scan.lines[position:]]
+    with pytest.raises(ValueError, match="every line is valid"):
+        TextLines(scan_lines(["[]"], "j"), ["[]"], "j")
