@@ -227,7 +227,7 @@ class Scan:
         return sum(1 for line in self.lines if not line.ok)
 
     def lines_from(self, position: int) -> Iterator[Line]:
-        """The lines after the first `position` (`producer.jobs.LineSource`)."""
+        """The lines after the first `position` (`producer.line_sources.LineSource`)."""
         return iter(self.lines[position:])
 
 

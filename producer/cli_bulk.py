@@ -51,9 +51,9 @@ from producer.jobs import (
     INPUT_PATH_FIELD,
     JobStore,
     file_sha256,
-    scan_file,
     submit_job,
 )
+from producer.line_sources import scan_file
 from producer.placement import PlacementMode
 from producer.usage import CLI_TENANT, UsageStore
 from schemas import ContractError

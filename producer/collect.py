@@ -28,8 +28,8 @@ from producer.jobs import (
     file_sha256,
     planner_for,
     publish_chunk,
-    scan_file,
 )
+from producer.line_sources import scan_file
 from producer.placement import PlacementMode
 from schemas import ErrorCode, JobStatus, ResultEnvelope, Status
 from schemas.keys import StreamField

@@ -22,15 +22,16 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from producer.batch_output import cancelled_result, invalid_result
-from producer.bulk import Defaults, InputFormat, Line, Scan, jsonl_lines, parse_line, scan_lines
+from producer.bulk import Line
 from producer.client import QBatchClient, now_utc
 from producer.job_view import JobView
+from producer.line_sources import LineSource, bitmap_lines, line_bitmap
 from producer.placement import PlacementMode, PrefixPlanner, placement_mode
 from schemas import JobField, JobStatus, RedisKeys, ResultEnvelope
 from schemas.limits import DEFAULT_RESULT_TTL_S
@@ -62,122 +63,6 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def line_bitmap(numbers: Iterable[int]) -> bytes:
-    """Line numbers (>= 1) as a bitmap, bit n most significant first (Redis' SETBIT)."""
-    bits = bytearray()
-    for n in numbers:
-        byte, bit = divmod(n, 8)
-        if byte >= len(bits):
-            bits.extend(bytes(byte + 1 - len(bits)))
-        bits[byte] |= 0x80 >> bit
-    return bytes(bits)
-
-
-def bitmap_lines(bitmap: bytes) -> list[int]:
-    return [
-        i * 8 + bit
-        for i, byte in enumerate(bitmap)
-        if byte
-        for bit in range(8)
-        if byte & (0x80 >> bit)
-    ]
-
-
-def read_lines(path: Path) -> list[str]:
-    """A bulk file's lines (UTF-8, a leading byte-order mark skipped; `-` is stdin is not
-    supported: a file is needed to resume)."""
-    with path.open("r", encoding="utf-8-sig", newline="") as fh:
-        return jsonl_lines(fh.read())
-
-
-def scan_file(
-    path: Path, job_id: str, *, attempt: int = 0, defaults: Defaults | None = None
-) -> Scan:
-    return scan_lines(read_lines(path), job_id, attempt=attempt, defaults=defaults)
-
-
-class LineSource(Protocol):
-    """What `submit_job` reads: a `Scan` (a whole file validated in memory), or a
-    `GeneratedLines` streamed from a file written by qbatch itself."""
-
-    @property
-    def total(self) -> int: ...
-
-    @property
-    def invalid(self) -> int: ...
-
-    def lines_from(self, position: int) -> Iterator[Line]:
-        """The lines after the first `position` non-blank ones, in file order."""
-        ...
-
-
-class GeneratedLines:
-    """A native-envelope file qbatch wrote (valid lines, none blank), read line by line
-    from a position, so a huge generated file is submitted in bounded memory."""
-
-    def __init__(self, path: Path, job_id: str, total: int, *, attempt: int = 0) -> None:
-        self.path = path
-        self.job_id = job_id
-        self.total = total
-        self.invalid = 0
-        self.attempt = attempt
-
-    def lines_from(self, position: int) -> Iterator[Line]:
-        with self.path.open("r", encoding="utf-8", newline="") as fh:
-            texts = (text for text in fh if text.strip())
-            for number, text in enumerate(itertools.islice(texts, position, None), position + 1):
-                yield parse_line(
-                    text.strip(), number, InputFormat.native, self.job_id, attempt=self.attempt
-                )
-
-
-class TextLines:
-    """A validated file's request lines kept as text and parsed again as they are sent.
-
-    A `Scan` holds every line as a parsed envelope, ~24x the file's size; a file that
-    passed validation (so no bad or repeated line) only needs its text kept until it
-    is sent: about its own size. Parsing again gives the same envelopes (same text,
-    line number, format and `defaults`)."""
-
-    def __init__(
-        self,
-        scan: Scan,
-        texts: Sequence[str],
-        job_id: str,
-        *,
-        defaults: Defaults | None = None,
-        attempt: int = 0,
-    ) -> None:
-        if scan.bad:
-            raise ValueError("TextLines holds only a file whose every line is valid")
-        self.format = scan.format
-        self.numbered = [(line.line, texts[line.line - 1].strip()) for line in scan.lines]
-        self.job_id = job_id
-        self.defaults = defaults
-        self.attempt = attempt
-        self.invalid = 0
-
-    @property
-    def total(self) -> int:
-        return len(self.numbered)
-
-    @property
-    def numbers(self) -> list[int]:
-        """The request lines' physical line numbers."""
-        return [number for number, _text in self.numbered]
-
-    def lines_from(self, position: int) -> Iterator[Line]:
-        for number, text in itertools.islice(self.numbered, position, None):
-            yield parse_line(
-                text,
-                number,
-                self.format,
-                self.job_id,
-                attempt=self.attempt,
-                defaults=self.defaults,
-            )
 
 
 class JobError(RuntimeError):
@@ -490,14 +375,11 @@ def submit_job(
 __all__ = [
     "DEFAULT_CHUNK",
     "DEFAULT_JOB_TTL_S",
-    "GeneratedLines",
     "JobError",
     "JobStore",
-    "LineSource",
     "SubmitReport",
     "file_sha256",
     "planner_for",
     "publish_chunk",
-    "scan_file",
     "submit_job",
 ]

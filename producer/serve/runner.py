@@ -46,11 +46,10 @@ from producer.job_view import TERMINAL, JobView
 from producer.jobs import (
     DEFAULT_CHUNK,
     JobStore,
-    LineSource,
-    TextLines,
     file_sha256,
     submit_job,
 )
+from producer.line_sources import LineSource, TextLines
 from producer.placement import PrefixPlanner
 from producer.serve.batches import (
     FINAL,

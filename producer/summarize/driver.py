@@ -29,12 +29,12 @@ from producer.bulk import parse_request_id
 from producer.client import QBatchClient
 from producer.jobs import (
     DEFAULT_JOB_TTL_S,
-    GeneratedLines,
     JobStore,
     Progress,
     file_sha256,
     submit_job,
 )
+from producer.line_sources import GeneratedLines
 from producer.summarize.chunking import stream_chunks
 from producer.summarize.config import Config, Report
 from producer.summarize.documents import Document

@@ -28,7 +28,7 @@ from producer.bulk import (
     scan_lines,
 )
 from producer.job_view import JobView
-from producer.jobs import scan_file
+from producer.line_sources import scan_file
 from schemas import (
     BatchOutputLine,
     ContractError,
@@ -365,13 +365,13 @@ def test_a_leading_byte_order_mark_is_skipped(tmp_path: Path) -> None:
 
 @given(st.sets(st.integers(1, 5_000), max_size=200))
 def test_line_bitmap_round_trips(numbers: set[int]) -> None:
-    from producer.jobs import bitmap_lines, line_bitmap
+    from producer.line_sources import bitmap_lines, line_bitmap
 
     assert bitmap_lines(line_bitmap(numbers)) == sorted(numbers)
 
 
 def test_line_bitmap_counts_bits_as_redis_setbit_does() -> None:
-    from producer.jobs import line_bitmap
+    from producer.line_sources import line_bitmap
 
     assert line_bitmap([1]) == b"\x40" and line_bitmap([8]) == b"\x00\x80"
 
@@ -379,7 +379,7 @@ def test_line_bitmap_counts_bits_as_redis_setbit_does() -> None:
 def test_text_lines_parse_to_the_scan_s_envelopes() -> None:
     """`TextLines` keeps a valid file as text (serve holds a batch's input until it is
     sent) and parses it again as it is sent: the same envelopes, ids and line numbers."""
-    from producer.jobs import TextLines
+    from producer.line_sources import TextLines
 
     defaults = Defaults(deadline=datetime(2030, 1, 1, tzinfo=UTC), result_ttl_s=7_200)
     texts = [openai_line("a"), "", "  ", openai_line("b"), openai_line("c")]

@@ -1,0 +1,144 @@
+"""Where `submit_job` reads a job's lines from (`LineSource`), and the small encodings
+around them.
+
+A `Scan` (a whole file validated in memory, `producer.bulk`), `GeneratedLines` (a file
+qbatch wrote, streamed from a position) and `TextLines` (a validated file kept as text)
+all give `total`, `invalid` and `lines_from(position)`. The line-number bitmap is what
+`qbatch serve` stores for a job (`RedisKeys.job_lines`). Pure: files, no sockets.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from producer.bulk import Defaults, InputFormat, Line, Scan, jsonl_lines, parse_line, scan_lines
+
+
+def line_bitmap(numbers: Iterable[int]) -> bytes:
+    """Line numbers (>= 1) as a bitmap, bit n most significant first (Redis' SETBIT)."""
+    bits = bytearray()
+    for n in numbers:
+        byte, bit = divmod(n, 8)
+        if byte >= len(bits):
+            bits.extend(bytes(byte + 1 - len(bits)))
+        bits[byte] |= 0x80 >> bit
+    return bytes(bits)
+
+
+def bitmap_lines(bitmap: bytes) -> list[int]:
+    return [
+        i * 8 + bit
+        for i, byte in enumerate(bitmap)
+        if byte
+        for bit in range(8)
+        if byte & (0x80 >> bit)
+    ]
+
+
+def read_lines(path: Path) -> list[str]:
+    """A bulk file's lines (UTF-8, a leading byte-order mark skipped; `-` is stdin is not
+    supported: a file is needed to resume)."""
+    with path.open("r", encoding="utf-8-sig", newline="") as fh:
+        return jsonl_lines(fh.read())
+
+
+def scan_file(
+    path: Path, job_id: str, *, attempt: int = 0, defaults: Defaults | None = None
+) -> Scan:
+    return scan_lines(read_lines(path), job_id, attempt=attempt, defaults=defaults)
+
+
+class LineSource(Protocol):
+    """What `submit_job` reads: a `Scan` (a whole file validated in memory), or a
+    `GeneratedLines` streamed from a file written by qbatch itself."""
+
+    @property
+    def total(self) -> int: ...
+
+    @property
+    def invalid(self) -> int: ...
+
+    def lines_from(self, position: int) -> Iterator[Line]:
+        """The lines after the first `position` non-blank ones, in file order."""
+        ...
+
+
+class GeneratedLines:
+    """A native-envelope file qbatch wrote (valid lines, none blank), read line by line
+    from a position, so a huge generated file is submitted in bounded memory."""
+
+    def __init__(self, path: Path, job_id: str, total: int, *, attempt: int = 0) -> None:
+        self.path = path
+        self.job_id = job_id
+        self.total = total
+        self.invalid = 0
+        self.attempt = attempt
+
+    def lines_from(self, position: int) -> Iterator[Line]:
+        with self.path.open("r", encoding="utf-8", newline="") as fh:
+            texts = (text for text in fh if text.strip())
+            for number, text in enumerate(itertools.islice(texts, position, None), position + 1):
+                yield parse_line(
+                    text.strip(), number, InputFormat.native, self.job_id, attempt=self.attempt
+                )
+
+
+class TextLines:
+    """A validated file's request lines kept as text and parsed again as they are sent.
+
+    A `Scan` holds every line as a parsed envelope, ~24x the file's size; a file that
+    passed validation (so no bad or repeated line) only needs its text kept until it
+    is sent: about its own size. Parsing again gives the same envelopes (same text,
+    line number, format and `defaults`)."""
+
+    def __init__(
+        self,
+        scan: Scan,
+        texts: Sequence[str],
+        job_id: str,
+        *,
+        defaults: Defaults | None = None,
+        attempt: int = 0,
+    ) -> None:
+        if scan.bad:
+            raise ValueError("TextLines holds only a file whose every line is valid")
+        self.format = scan.format
+        self.numbered = [(line.line, texts[line.line - 1].strip()) for line in scan.lines]
+        self.job_id = job_id
+        self.defaults = defaults
+        self.attempt = attempt
+        self.invalid = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.numbered)
+
+    @property
+    def numbers(self) -> list[int]:
+        """The request lines' physical line numbers."""
+        return [number for number, _text in self.numbered]
+
+    def lines_from(self, position: int) -> Iterator[Line]:
+        for number, text in itertools.islice(self.numbered, position, None):
+            yield parse_line(
+                text,
+                number,
+                self.format,
+                self.job_id,
+                attempt=self.attempt,
+                defaults=self.defaults,
+            )
+
+
+__all__ = [
+    "GeneratedLines",
+    "LineSource",
+    "TextLines",
+    "bitmap_lines",
+    "line_bitmap",
+    "read_lines",
+    "scan_file",
+]
