@@ -52,8 +52,9 @@ def scan_file(
 
 
 class LineSource(Protocol):
-    """What `submit_job` reads: a `Scan` (a whole file validated in memory), or a
-    `GeneratedLines` streamed from a file written by qbatch itself."""
+    """What `submit_job` reads: a `Scan` (a whole file validated in memory), a
+    `GeneratedLines` streamed from a file written by qbatch itself, or a `TextLines`
+    (a validated file kept as text)."""
 
     @property
     def total(self) -> int: ...

@@ -110,12 +110,12 @@ class BatchRunner:
         self.interval_s = interval_s
         self.chunk = chunk
         self.submit_slice_s = submit_slice_s
-        self.expiry_grace_s = expiry_grace_s
-        """How long after an expired batch's window the workers have to answer its queued
-        lines before the runner answers the rest itself (`_answer_unanswered`)."""
         """Publishing time one batch gets per pass before the others have their turn: a
         million-line batch takes minutes to publish, and on one thread every other
         tenant's batch (validation, finalizing) would wait behind it."""
+        self.expiry_grace_s = expiry_grace_s
+        """How long after an expired batch's window the workers have to answer its queued
+        lines before the runner answers the rest itself (`_answer_unanswered`)."""
         self._scans: dict[str, tuple[LineSource, str]] = {}
         self._planners: dict[str, PrefixPlanner] = {}
         """Each submitting batch's placement planner, kept across its slices."""
@@ -195,8 +195,7 @@ class BatchRunner:
             errors=[error],
             final_counts=request_counts(record, view),
         ):
-            self._scans.pop(record.id, None)
-            self._planners.pop(record.id, None)
+            self._forget(record.id)
             self.batches.finish(record)
 
     def _scan(self, record: BatchRecord) -> tuple[LineSource, str, list[dict[str, Any]]] | None:
@@ -299,8 +298,7 @@ class BatchRunner:
             if report.paused:  # other batches take their turn; come back at once
                 self.wake()
                 return
-            self._scans.pop(record.id, None)  # all sent: the parsed file is not needed now
-            self._planners.pop(record.id, None)
+            self._forget(record.id)  # all sent: the file's text is not needed now
             view = self.jobs.view(record.id)
         if view is None:
             return
@@ -332,7 +330,7 @@ class BatchRunner:
                 )
                 for allowed, ending in endings
             ):
-                self._scans.pop(record.id, None)
+                self._forget(record.id)
                 fresh = self.batches.load(record.id)
                 if fresh is not None:
                     self._finalize(fresh)
@@ -381,8 +379,14 @@ class BatchRunner:
                 for n in numbers
             ]
         written = self.jobs.write_results(results)
-        self._scans.pop(record.id, None)
+        self._forget(record.id)
         log.info("serve: batch %s expired: %d unanswered lines answered", record.id, written)
+
+    def _forget(self, batch_id: str) -> None:
+        """Drop what this process holds for a batch once it no longer needs it."""
+        self._scans.pop(batch_id, None)
+        self._planners.pop(batch_id, None)
+        self._stuck.discard(batch_id)
 
     def _expire_if_due(self, record: BatchRecord, view: JobView | None) -> bool:
         """Past its window: mark the batch to end `expired` and cancel its job.
@@ -417,7 +421,7 @@ class BatchRunner:
             cancelled_at=int(time.time()),
             final_counts={"total": 0, "completed": 0, "failed": 0},
         ):
-            self._scans.pop(record.id, None)
+            self._forget(record.id)
             self.batches.finish(record)
 
     def _finalize(self, record: BatchRecord) -> None:
