@@ -88,6 +88,14 @@ def serve(
             min=1,
         ),
     ] = 256,
+    max_sync_inflight_per_tenant: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("MAX_SYNC_INFLIGHT_PER_TENANT"),
+            help="One API key's share of --max-sync-inflight (0: all of it); past it: 429.",
+            min=0,
+        ),
+    ] = 0,
     models: Annotated[
         str,
         typer.Option(envvar=_env("MODELS"), help="Comma-separated names /v1/models lists."),
@@ -138,6 +146,7 @@ def serve(
         max_concurrent_batches=max_concurrent_batches,
         sync_timeout_s=sync_timeout,
         max_sync_inflight=max_sync_inflight,
+        max_sync_inflight_per_tenant=max_sync_inflight_per_tenant or None,
         metrics_token=os.environ.get("QBATCH_SERVE_METRICS_TOKEN") or None,
         models=tuple(m.strip() for m in models.split(",") if m.strip()),
     )

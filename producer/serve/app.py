@@ -68,6 +68,8 @@ class ServeConfig:
     """A sync request's deadline when the client sends no `X-Stainless-Timeout`."""
     max_sync_timeout_s: float = 3_600.0
     max_sync_inflight: int = 256
+    max_sync_inflight_per_tenant: int | None = None
+    """One tenant's share of `max_sync_inflight` (None: all of it)."""
     models: tuple[str, ...] = ()
     metrics_token: str | None = None
     """When set, `/metrics` needs `Authorization: Bearer` this token: its series name every
@@ -145,7 +147,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     app = FastAPI(title="qbatch serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serve = state
     cfg = state.config
-    slots = SyncSlots(cfg.max_sync_inflight)
+    slots = SyncSlots(cfg.max_sync_inflight, cfg.max_sync_inflight_per_tenant)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -343,7 +345,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         body = await json_body(request, SYNC_BODY_BYTES)
         timeout = request_timeout(request.headers, cfg.sync_timeout_s, cfg.max_sync_timeout_s)
         status, payload = await slots.run(
-            run_sync, state.client, body, endpoint, timeout, tenant, state.usage
+            tenant, run_sync, state.client, body, endpoint, timeout, tenant, state.usage
         )
         return JSONResponse(payload, status_code=status)
 

@@ -14,6 +14,7 @@ deadline, 500 for an engine error, ...).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -55,15 +56,19 @@ class SyncSlots:
     `/healthz` (a liveness probe that fails restarts the pod, losing what is in flight).
     So sync requests get their own `anyio.CapacityLimiter`, and one past the limit is
     answered 429 at once (the `openai` SDK backs off and retries a 429 by itself).
+    A tenant may also be held to fewer (`per_tenant`), so one tenant's burst of slow
+    requests cannot take every slot from the others.
     Used from the event loop only (no lock: nothing awaits between check and count).
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_tenant: int | None = None) -> None:
         self.limit = limit
+        self.per_tenant = min(per_tenant or limit, limit)
         self.limiter = anyio.CapacityLimiter(limit)
         self.in_flight = 0
+        self.by_tenant: Counter[str] = Counter()
 
-    def take(self) -> None:
+    def take(self, tenant: str) -> None:
         if self.in_flight >= self.limit:
             raise ApiError(
                 429,
@@ -71,18 +76,29 @@ class SyncSlots:
                 "limit, --max-sync-inflight); retry shortly",
                 code="rate_limit_exceeded",
             )
+        if self.by_tenant[tenant] >= self.per_tenant:
+            raise ApiError(
+                429,
+                f"this key has {self.per_tenant} chat/completions requests in flight (the "
+                "limit per tenant, --max-sync-inflight-per-tenant); retry shortly",
+                code="rate_limit_exceeded",
+            )
         self.in_flight += 1
+        self.by_tenant[tenant] += 1
 
-    def give(self) -> None:
+    def give(self, tenant: str) -> None:
         self.in_flight -= 1
+        self.by_tenant[tenant] -= 1
+        if self.by_tenant[tenant] <= 0:
+            del self.by_tenant[tenant]
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)` on a thread of this pool, past `take()`."""
-        self.take()
+    async def run(self, tenant: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on a thread of this pool, past `take(tenant)`."""
+        self.take(tenant)
         try:
             return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
         finally:
-            self.give()
+            self.give(tenant)
 
 
 def run_sync(

@@ -33,12 +33,15 @@ def test_proxy_and_sync_flags_reach_uvicorn_and_the_app(
             "10.0.0.0/8",
             "--max-sync-inflight",
             "7",
+            "--max-sync-inflight-per-tenant",
+            "3",
         ],
     )
     assert result.exit_code == 0, result.output
     assert seen["kwargs"]["forwarded_allow_ips"] == "10.0.0.0/8"
     assert seen["kwargs"]["proxy_headers"] is True
     assert seen["app"].state.serve.config.max_sync_inflight == 7
+    assert seen["app"].state.serve.config.max_sync_inflight_per_tenant == 3
 
 
 def test_the_default_trusts_only_a_local_proxy(

@@ -2,7 +2,8 @@
 
 Sync chat/completions requests wait on threads of their own (`producer.serve.sync.
 SyncSlots`): past `max_sync_inflight` a request is a 429 at once, and files, batches and
-`/healthz` are served while every sync slot is taken.
+`/healthz` are served while every sync slot is taken. With a share per tenant
+(`max_sync_inflight_per_tenant`), one key's burst leaves slots to the others.
 
 Before, a sync request held a thread of the one shared pool while it waited (up to an
 hour): as many slow requests as the pool had threads stopped every route, `/healthz`
@@ -35,18 +36,29 @@ B = {"authorization": f"Bearer {KEY_B}"}
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def test_sync_requests_have_their_own_slots_and_a_429_past_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    release = threading.Event()
-    entered = threading.Semaphore(0)
+class Held:
+    """Sync answers that wait until the test releases them (`entered` counts arrivals)."""
 
-    def waiting(*_args: Any) -> tuple[int, dict[str, Any]]:
-        entered.release()
-        release.wait(30)
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+
+    def __call__(self, *_args: Any) -> tuple[int, dict[str, Any]]:
+        self.entered.release()
+        self.release.wait(30)
         return 200, {"object": "chat.completion"}
 
-    monkeypatch.setattr(producer.serve.app, "run_sync", waiting)
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> Held:
+    """`run_sync` replaced by a `Held` (no Kafka or Redis)."""
+    answers = Held()
+    monkeypatch.setattr(producer.serve.app, "run_sync", answers)
+    return answers
+
+
+def test_sync_requests_have_their_own_slots_and_a_429_past_them(tmp_path: Path, held: Held) -> None:
+    release, entered = held.release, held.entered
     app = offline_app(tmp_path / "files", ServeConfig(max_sync_inflight=3))
 
     async def scenario() -> dict[str, Any]:
@@ -86,6 +98,43 @@ def test_sync_requests_have_their_own_slots_and_a_429_past_them(
     assert out["batch"].status_code == 404
     assert [r.status_code for r in out["held"]] == [200, 200, 200]
     assert out["after"].status_code == 200
+
+
+def test_one_tenant_cannot_take_every_sync_slot(tmp_path: Path, held: Held) -> None:
+    release, entered = held.release, held.entered
+    config = ServeConfig(max_sync_inflight=4, max_sync_inflight_per_tenant=2)
+    app = offline_app(tmp_path / "files", config)
+
+    async def scenario() -> dict[str, Any]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            post = client.post
+            held = [asyncio.create_task(post("/v1/chat/completions", json=BODY, headers=A))]
+            held.append(asyncio.create_task(post("/v1/chat/completions", json=BODY, headers=A)))
+            for _ in range(2):
+                assert await asyncio.to_thread(entered.acquire, True, 10)
+            out: dict[str, Any] = {}
+            try:
+                out["third_a"] = await asyncio.wait_for(
+                    post("/v1/chat/completions", json=BODY, headers=A), 10
+                )
+                held.append(asyncio.create_task(post("/v1/chat/completions", json=BODY, headers=B)))
+                assert await asyncio.to_thread(entered.acquire, True, 10)
+            finally:
+                release.set()
+            out["held"] = await asyncio.wait_for(asyncio.gather(*held), 10)
+            out["after_a"] = await asyncio.wait_for(
+                post("/v1/chat/completions", json=BODY, headers=A), 10
+            )
+            return out
+
+    out = asyncio.run(scenario())
+    third = out["third_a"]
+    assert third.status_code == 429, third.text
+    assert third.json()["error"]["code"] == "rate_limit_exceeded"
+    assert "--max-sync-inflight-per-tenant" in third.json()["error"]["message"]
+    assert [r.status_code for r in out["held"]] == [200, 200, 200]  # B got a slot
+    assert out["after_a"].status_code == 200  # A's slots came back
 
 
 class SlowStore(LocalStorage):
