@@ -44,9 +44,9 @@ from producer.serve.errors import ApiError, not_found
 from producer.serve.metrics import UsageRecorder
 from producer.serve.page import PAGE_BATCHES, register_page
 from producer.serve.runner import COLLECT_MARGIN_S, BatchRunner
-from producer.serve.storage import PURPOSE_BATCH, FileStore, UploadTooLarge, check_jsonl
+from producer.serve.storage import PURPOSE_BATCH, FileStore, UploadTooLarge
 from producer.serve.sync import SyncSlots, request_timeout, run_sync
-from producer.serve.upload import FormReceiver
+from producer.serve.upload import FormReceiver, check_jsonl
 from producer.usage import UsageStore
 from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from schemas.errors import loc_to_param

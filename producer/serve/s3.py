@@ -5,6 +5,7 @@ Objects under the prefix::
 
     files/{file_id}.data   the bytes
     files/{file_id}.json   the metadata (as LocalStorage's .json)
+    tenants/{hash}/...     each tenant's listing index (empty objects; `file_index`)
 
 Uploads are **spooled to a local temp file** (`tmp`, a private temp directory), counted
 as they come exactly as LocalStorage does, and sent with boto3's managed transfer
@@ -37,6 +38,13 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from producer.serve.file_index import (
+    INDEX_DIR,
+    REINDEXED,
+    IndexEntry,
+    entry_for,
+    tenant_dir,
+)
 from producer.serve.storage import (
     FILE_ID,
     S3Location,
@@ -70,7 +78,9 @@ class S3Storage(StorageBase):
             client.head_bucket(Bucket=where.bucket)
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"S3 bucket {where.bucket!r}: {exc}") from None
-        return cls(client, where)
+        store = cls(client, where)
+        store.reindex()
+        return store
 
     def _key(self, file_id: str, kind: str) -> str:
         return f"{self.prefix}files/{file_id}.{kind}"
@@ -147,12 +157,48 @@ class S3Storage(StorageBase):
                     yield raw
 
     def delete(self, file_id: str, tenant: str) -> bool:
-        """Delete the tenant's file: metadata first (it vanishes), then the bytes."""
-        if self.get(file_id, tenant) is None:
+        """Delete the tenant's file: metadata first (it vanishes), its index entry, then
+        the bytes."""
+        stored = self.get(file_id, tenant)
+        if stored is None:
             return False
-        for kind in ("json", "data"):
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(file_id, kind))
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(file_id, "json"))
+        self._index_drop(tenant, entry_for(stored.created_at, stored.id, stored.purpose))
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(file_id, "data"))
         return True
+
+    # ------------------------------------------------------------ the listing index
+
+    def _tenant_prefix(self, tenant: str) -> str:
+        return f"{self.prefix}{INDEX_DIR}/{tenant_dir(tenant)}/"
+
+    def _index_add(self, tenant: str, entry: IndexEntry) -> None:
+        self.client.put_object(
+            Bucket=self.bucket, Key=self._tenant_prefix(tenant) + entry.name, Body=b""
+        )
+
+    def _index_drop(self, tenant: str, entry: IndexEntry) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._tenant_prefix(tenant) + entry.name)
+
+    def _index_entries(self, tenant: str) -> Iterator[IndexEntry]:
+        """One LIST per 1,000 of the tenant's files; no GETs."""
+        where = self._tenant_prefix(tenant)
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=where
+        )
+        for page in pages:
+            for obj in page.get("Contents", []):
+                entry = IndexEntry.parse(obj["Key"].removeprefix(where))
+                if entry is not None:
+                    yield entry
+
+    def _index_marked(self) -> bool:
+        return self._read(f"{self.prefix}{INDEX_DIR}/{REINDEXED}") is not None
+
+    def _index_mark(self) -> None:
+        self.client.put_object(
+            Bucket=self.bucket, Key=f"{self.prefix}{INDEX_DIR}/{REINDEXED}", Body=b""
+        )
 
 
 __all__ = ["S3Storage"]

@@ -7,6 +7,7 @@ Layout under the storage root::
 
     files/{file_id}.data   the bytes
     files/{file_id}.json   the metadata (OpenAI's file object + the owning tenant)
+    tenants/{hash}/...     each tenant's listing index (empty entries; `file_index`)
     tmp/                   uploads being received
 
 Why this shape: an upload streams into `tmp/` and is counted as it comes, so an
@@ -20,20 +21,29 @@ a restart rewrites the same files instead of leaving orphans.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
+import itertools
 import json
 import os
 import re
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlsplit
+
+from producer.serve.file_index import (
+    INDEX_DIR,
+    REINDEXED,
+    IndexEntry,
+    entry_for,
+    listing_order,
+    tenant_dir,
+)
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24,64}$")
 """What a file id looks like; anything else is never turned into a path."""
@@ -96,16 +106,12 @@ def new_stored(
     return StoredFile(fid, size, int(time.time()), clean_filename(filename), purpose, tenant)
 
 
-def page_of(
-    files: Iterable[StoredFile], *, after: str | None, limit: int, order: str
-) -> tuple[list[StoredFile], bool]:
-    """One page of a tenant's files by creation time (`order`), after the file id `after`;
-    returns (page, has_more)."""
-    mine = sorted(files, key=lambda f: (f.created_at, f.id), reverse=order != "asc")
-    if after is not None:
-        ids = [f.id for f in mine]
-        mine = mine[ids.index(after) + 1 :] if after in ids else []
-    return mine[:limit], len(mine) > limit
+def stored_any(raw: str | bytes) -> StoredFile | None:
+    """A metadata document's file, whoever owns it (None for a document that is not one)."""
+    try:
+        return StoredFile(**json.loads(raw))
+    except (ValueError, TypeError):
+        return None
 
 
 def stored_from_json(
@@ -113,13 +119,10 @@ def stored_from_json(
 ) -> StoredFile | None:
     """A metadata document's file if it belongs to `tenant` (and has `purpose`), else None
     (also for a document that is not one)."""
-    try:
-        stored = StoredFile(**json.loads(raw))
-    except (ValueError, TypeError):
+    stored = stored_any(raw)
+    if stored is None or stored.tenant != tenant:
         return None
-    if stored.tenant != tenant or (purpose is not None and stored.purpose != purpose):
-        return None
-    return stored
+    return None if purpose is not None and stored.purpose != purpose else stored
 
 
 class Upload:
@@ -222,13 +225,17 @@ class StorageBase:
     ) -> StoredFile:
         """Move a received upload into place and publish its metadata."""
         upload.close()
-        return self._place(upload.path, upload.size, tenant, filename, purpose, file_id)
+        stored = self._place(upload.path, upload.size, tenant, filename, purpose, file_id)
+        self._index(stored)
+        return stored
 
     def put(
         self, src: Path, *, tenant: str, filename: str, purpose: str, file_id: str | None = None
     ) -> StoredFile:
         """Move a finished local file (same filesystem) in as a stored file."""
-        return self._place(src, src.stat().st_size, tenant, filename, purpose, file_id)
+        stored = self._place(src, src.stat().st_size, tenant, filename, purpose, file_id)
+        self._index(stored)
+        return stored
 
     def _place(
         self, src: Path, size: int, tenant: str, filename: str, purpose: str, file_id: str | None
@@ -236,6 +243,9 @@ class StorageBase:
         raise NotImplementedError
 
     def _metadata_docs(self) -> Iterator[str | bytes]:
+        raise NotImplementedError
+
+    def get(self, file_id: str, tenant: str) -> StoredFile | None:
         raise NotImplementedError
 
     def list(
@@ -248,9 +258,59 @@ class StorageBase:
         order: str = "desc",
     ) -> tuple[list[StoredFile], bool]:
         """A tenant's files by creation time (`order`), after the file id `after`;
-        returns (page, has_more). Scans the metadata: fine for thousands of files."""
-        mine = [stored_from_json(raw, tenant, purpose) for raw in self._metadata_docs()]
-        return page_of([f for f in mine if f is not None], after=after, limit=limit, order=order)
+        returns (page, has_more). Walks the tenant's index entries (`file_index`) and
+        reads the metadata of the page's files only; an entry whose metadata is gone
+        (a file deleted meanwhile) is skipped and dropped."""
+        walk = listing_order(self._index_entries(tenant), purpose=purpose, after=after, order=order)
+        live = (f for e in walk if (f := self._listed(tenant, e)) is not None)
+        page = list(itertools.islice(live, limit))
+        return page, next(live, None) is not None
+
+    def _listed(self, tenant: str, entry: IndexEntry) -> StoredFile | None:
+        """The entry's file, or None (and the entry dropped) when it is gone or was
+        rewritten since (`put` with the same id gives it a new entry)."""
+        stored = self.get(entry.file_id, tenant)
+        if stored is None or (stored.created_at, stored.purpose) != (
+            entry.created_at,
+            entry.purpose,
+        ):
+            self._index_drop(tenant, entry)
+            return None
+        return stored
+
+    # ------------------------------------------------------------ the listing index
+
+    def _index(self, stored: StoredFile) -> None:
+        self._index_add(stored.tenant, entry_for(stored.created_at, stored.id, stored.purpose))
+
+    def reindex(self) -> int:
+        """Give every stored file its index entry, once per store (stores written before
+        the index existed); returns how many files were indexed (0 once marked)."""
+        if self._index_marked():
+            return 0
+        count = 0
+        for raw in self._metadata_docs():
+            stored = stored_any(raw)
+            if stored is not None:
+                self._index(stored)
+                count += 1
+        self._index_mark()
+        return count
+
+    def _index_add(self, tenant: str, entry: IndexEntry) -> None:
+        raise NotImplementedError
+
+    def _index_drop(self, tenant: str, entry: IndexEntry) -> None:
+        raise NotImplementedError
+
+    def _index_entries(self, tenant: str) -> Iterator[IndexEntry]:
+        raise NotImplementedError
+
+    def _index_marked(self) -> bool:
+        raise NotImplementedError
+
+    def _index_mark(self) -> None:
+        raise NotImplementedError
 
 
 class LocalStorage(StorageBase):
@@ -260,8 +320,10 @@ class LocalStorage(StorageBase):
         self.root = root
         self.files = root / "files"
         self.tmp = root / "tmp"
-        self.files.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.tenants = root / INDEX_DIR
+        for d in (self.files, self.tmp, self.tenants):
+            d.mkdir(parents=True, exist_ok=True)
+        self.reindex()
 
     # ------------------------------------------------------------ writing
 
@@ -317,14 +379,40 @@ class LocalStorage(StorageBase):
                 yield meta.read_text(encoding="utf-8")
 
     def delete(self, file_id: str, tenant: str) -> bool:
-        """Delete the tenant's file: metadata first (it vanishes), then the bytes."""
-        if self.get(file_id, tenant) is None:
+        """Delete the tenant's file: metadata first (it vanishes), its index entry, then
+        the bytes."""
+        stored = self.get(file_id, tenant)
+        if stored is None:
             return False
         with contextlib.suppress(FileNotFoundError):
             self._meta(file_id).unlink()
+        self._index_drop(tenant, entry_for(stored.created_at, stored.id, stored.purpose))
         with contextlib.suppress(FileNotFoundError):
             self._data(file_id).unlink()
         return True
+
+    # ------------------------------------------------------------ the listing index
+
+    def _index_add(self, tenant: str, entry: IndexEntry) -> None:
+        where = self.tenants / tenant_dir(tenant)
+        where.mkdir(exist_ok=True)
+        (where / entry.name).touch()
+
+    def _index_drop(self, tenant: str, entry: IndexEntry) -> None:
+        (self.tenants / tenant_dir(tenant) / entry.name).unlink(missing_ok=True)
+
+    def _index_entries(self, tenant: str) -> Iterator[IndexEntry]:
+        with contextlib.suppress(FileNotFoundError):
+            for item in os.scandir(self.tenants / tenant_dir(tenant)):
+                entry = IndexEntry.parse(item.name)
+                if entry is not None:
+                    yield entry
+
+    def _index_marked(self) -> bool:
+        return (self.tenants / REINDEXED).exists()
+
+    def _index_mark(self) -> None:
+        (self.tenants / REINDEXED).touch()
 
 
 # ------------------------------------------------------------ choosing a backend
@@ -382,30 +470,6 @@ def open_storage(value: str, *, s3_endpoint_url: str | None = None) -> FileStore
     return S3Storage.connect(where, endpoint_url=s3_endpoint_url)
 
 
-def check_jsonl(path: Path) -> str | None:
-    """Why the file is not JSONL (UTF-8, one JSON object a non-blank line), or None.
-    Only the format: what each line asks for is checked when a batch validates it."""
-    count = 0
-    with path.open("rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if number == 1:
-                raw = raw.removeprefix(codecs.BOM_UTF8)  # Windows tools write one; harmless
-            try:
-                text = raw.decode("utf-8").strip()
-            except UnicodeDecodeError as exc:
-                return f"line {number} is not UTF-8 (byte {exc.start})"
-            if not text:
-                continue
-            try:
-                obj = json.loads(text)
-            except (ValueError, RecursionError) as exc:
-                return f"line {number} is not JSON: {exc}"
-            if not isinstance(obj, dict):
-                return f"line {number} is not a JSON object"
-            count += 1
-    return None if count else "the file holds no lines"
-
-
 __all__ = [
     "FILE_ID",
     "PURPOSE_BATCH",
@@ -419,12 +483,10 @@ __all__ = [
     "Upload",
     "UploadTooLarge",
     "begin_upload",
-    "check_jsonl",
     "clean_filename",
     "new_file_id",
     "new_stored",
     "open_storage",
-    "page_of",
     "parse_storage_url",
     "stored_from_json",
 ]

@@ -5,10 +5,14 @@ before the handler runs, so a limit could only be checked after an oversize uplo
 been received in full. Here the body is fed chunk by chunk to python-multipart's parser
 and the file part's bytes go to a storage `Upload` that counts them: past the tenant's
 limit the upload stops (413) with nothing kept. Text fields (`purpose`) are small and
-bounded.
+bounded. Once received, `check_jsonl` checks the file is JSONL before it is stored.
 """
 
 from __future__ import annotations
+
+import codecs
+import json
+from pathlib import Path
 
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
@@ -123,4 +127,28 @@ class FormReceiver:
             self.upload.discard()
 
 
-__all__ = ["FormReceiver"]
+def check_jsonl(path: Path) -> str | None:
+    """Why the file is not JSONL (UTF-8, one JSON object a non-blank line), or None.
+    Only the format: what each line asks for is checked when a batch validates it."""
+    count = 0
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)  # Windows tools write one; harmless
+            try:
+                text = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as exc:
+                return f"line {number} is not UTF-8 (byte {exc.start})"
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except (ValueError, RecursionError) as exc:
+                return f"line {number} is not JSON: {exc}"
+            if not isinstance(obj, dict):
+                return f"line {number} is not a JSON object"
+            count += 1
+    return None if count else "the file holds no lines"
+
+
+__all__ = ["FormReceiver", "check_jsonl"]

@@ -59,11 +59,13 @@ def test_a_batch_through_s3_storage(s3_server: tuple[Server, str], tmp_path: Pat
     n = 50
     data = jsonl(batch_lines(n))
     up = client.files.create(file=("in.jsonl", data), purpose="batch")
-    # the bytes and the metadata are objects in the bucket, nothing else is
-    assert object_keys(endpoint, prefix=PREFIX) == [
-        f"{PREFIX}files/{up.id}.data",
-        f"{PREFIX}files/{up.id}.json",
-    ]
+    # the bytes, the metadata and the tenant's index entry are objects in the bucket,
+    # nothing else is (besides the index's marker, written when the server opened it)
+    keys = object_keys(endpoint, prefix=PREFIX)
+    assert keys[:2] == [f"{PREFIX}files/{up.id}.data", f"{PREFIX}files/{up.id}.json"]
+    assert keys[2] == f"{PREFIX}tenants/.indexed-v1"
+    entry = keys[3].rsplit("/", 1)[1]
+    assert len(keys) == 4 and entry == f"{up.created_at:012d}.{up.id}.batch"
     assert client.files.content(up.id).content == data
     batch = client.batches.create(
         input_file_id=up.id, endpoint="/v1/chat/completions", completion_window="24h"

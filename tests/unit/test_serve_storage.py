@@ -5,6 +5,8 @@ Plus the `--storage` URL parsing."""
 
 from __future__ import annotations
 
+import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,18 +15,19 @@ from typing import Any, cast
 
 import pytest
 
+from producer.serve.file_index import INDEX_DIR, tenant_dir
 from producer.serve.storage import (
     FileStore,
     LocalStorage,
     S3Location,
     StorageError,
     UploadTooLarge,
-    check_jsonl,
     clean_filename,
     new_file_id,
     open_storage,
     parse_storage_url,
 )
+from producer.serve.upload import check_jsonl
 from tests.s3_fixtures import BUCKET, CREDENTIALS, moto_s3, object_keys
 
 
@@ -42,10 +45,36 @@ class Backend:
             assert isinstance(self.storage, LocalStorage)
             return sorted(p.name for p in self.storage.files.iterdir())
         files = f"{self.prefix}files/"
-        return [k.removeprefix(files) for k in object_keys(self.endpoint, prefix=self.prefix)]
+        keys = object_keys(self.endpoint, prefix=files)
+        return [k.removeprefix(files) for k in keys]
 
     def temp_names(self) -> list[str]:
         return sorted(p.name for p in self.storage.tmp.iterdir())
+
+    def index_names(self, tenant: str) -> list[str]:
+        """The tenant's listing-index entries."""
+        where = f"{INDEX_DIR}/{tenant_dir(tenant)}"
+        if self.endpoint is None:
+            assert isinstance(self.storage, LocalStorage)
+            return sorted(p.name for p in (self.storage.root / where).iterdir())
+        keys = object_keys(self.endpoint, prefix=f"{self.prefix}{where}/")
+        return [k.rsplit("/", 1)[1] for k in keys]
+
+    def drop_index(self) -> None:
+        """Remove the whole index and its marker (a store written before it existed)."""
+        if self.endpoint is None:
+            assert isinstance(self.storage, LocalStorage)
+            shutil.rmtree(self.storage.root / INDEX_DIR)
+            return
+        s3 = cast(Any, self.storage).client
+        for key in object_keys(self.endpoint, prefix=f"{self.prefix}{INDEX_DIR}/"):
+            s3.delete_object(Bucket=BUCKET, Key=key)
+
+    def reopen(self) -> FileStore:
+        if self.endpoint is None:
+            assert isinstance(self.storage, LocalStorage)
+            return open_storage(str(self.storage.root))
+        return open_storage(f"s3://{BUCKET}/{self.prefix}", s3_endpoint_url=self.endpoint)
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +143,79 @@ def test_listing_orders_pages_and_filters(backend: Backend) -> None:
     assert len(rest) == 1 and more is False and rest[0].id not in {f.id for f in page}
     assert {f.id for f in storage.list("a")[0]} == set(ids)
     assert storage.list("a", purpose="batch_output") == ([], False)
+
+
+def test_listing_reads_only_the_tenants_own_page(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list call reads the tenant's index and the metadata of its page (plus one to
+    tell `has_more`), never the other tenants' files."""
+    storage = backend.storage
+    for _ in range(12):
+        _upload(storage, b"{}\n", tenant="busy")
+    mine = [_upload(storage, b"{}\n", tenant="b") for _ in range(4)]
+    reads: list[str] = []
+    real_get = storage.get
+
+    def counted(file_id: str, tenant: str) -> Any:
+        reads.append(file_id)
+        return real_get(file_id, tenant)
+
+    def no_scan() -> Any:
+        raise AssertionError("a listing scanned every metadata document")
+
+    monkeypatch.setattr(storage, "get", counted)
+    monkeypatch.setattr(storage, "_metadata_docs", no_scan)
+    page, more = storage.list("b", limit=2)
+    assert more is True and len(page) == 2 and set(reads) <= set(mine) and len(reads) == 3
+
+
+def test_a_listing_heals_entries_of_files_gone_or_rewritten(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry whose metadata vanished (a server killed mid-delete) or whose file was
+    rewritten with a new creation time is skipped, dropped, and not counted in has_more."""
+    storage = backend.storage
+    kept = _upload(storage, b"{}\n")
+    gone = _upload(storage, b"{}\n")
+    if isinstance(storage, LocalStorage):
+        storage.files.joinpath(f"{gone}.json").unlink()
+    else:
+        key = f"{backend.prefix}files/{gone}.json"
+        cast(Any, storage).client.delete_object(Bucket=BUCKET, Key=key)
+    fid = "file-" + "ef" * 16
+    real_time = time.time
+    for offset in (0, 5):  # the second put lands 5 s later: a new entry, the old stale
+        monkeypatch.setattr(time, "time", lambda offset=offset: real_time() + offset)
+        src = storage.tmp / "o.jsonl"
+        src.write_text("{}\n")
+        storage.put(src, tenant="a", filename="o.jsonl", purpose="batch_output", file_id=fid)
+    monkeypatch.setattr(time, "time", real_time)
+    assert sorted(f.id for f in storage.list("a")[0]) == sorted([kept, fid])
+    assert storage.list("a", limit=2)[1] is False
+    assert len(backend.index_names("a")) == 2  # the two stale entries were dropped
+
+
+def test_a_store_from_before_the_index_is_indexed_once_when_opened(
+    backend: Backend, tmp_path: Path
+) -> None:
+    storage = backend.storage
+    ids = [_upload(storage, b"{}\n", tenant=t) for t in ("a", "a", "b")]
+    backend.drop_index()
+    again = backend.reopen()
+    assert sorted(f.id for f in again.list("a")[0]) == sorted(ids[:2])
+    assert [f.id for f in again.list("b")[0]] == [ids[2]]
+    assert cast(Any, again).reindex() == 0  # marked: not scanned again
+
+
+def test_tenant_names_never_become_index_paths(backend: Backend) -> None:
+    storage = backend.storage
+    odd = ["../x", "a/b", "..", "tenant\n2", "ü" * 300]
+    ids = {t: _upload(storage, b"{}\n", tenant=t) for t in odd}
+    for t in odd:
+        assert [f.id for f in storage.list(t)[0]] == [ids[t]]
+    assert storage.list("x")[0] == [] and storage.list("a")[0] == []
+    assert all(name.startswith("file-") for name in backend.stored_names())
 
 
 def test_ids_that_are_not_file_ids_are_never_paths(backend: Backend) -> None:

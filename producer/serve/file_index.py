@@ -1,0 +1,88 @@
+"""The per-tenant listing index of `qbatch serve`'s file storage (pure: names and pages).
+
+`GET /v1/files` used to read every metadata document in the store, every tenant's,
+to answer one tenant: on S3 that is one GET per file in the bucket for each list call.
+Each stored file now also has an empty **index entry** under its tenant's directory::
+
+    tenants/{tenant_dir}/{created_at:012d}.{file_id}.{purpose}
+
+The name carries everything a listing sorts and filters on, so a list call reads one
+directory (one LIST per 1,000 entries on S3) and fetches the metadata of the page's
+files only. `tenant_dir` is a hash of the tenant name: a name never becomes a path.
+
+Written after the metadata and removed after it, so an entry whose metadata is gone is
+a file being deleted (or one deleted by a server killed half-way): the listing skips
+it and drops it. A server killed between the metadata and the entry leaves a file that
+works by id but is not listed; its upload was never answered, so its client retries.
+Stores written before the index existed are indexed once when opened (`REINDEXED`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+INDEX_DIR = "tenants"
+REINDEXED = ".indexed-v1"
+"""Marker name under `INDEX_DIR`: every file stored before the index has its entry."""
+
+_ENTRY = re.compile(r"^(\d{12})\.(file-[0-9a-f]{24,64})\.([a-z_]{1,32})$")
+
+
+def tenant_dir(tenant: str) -> str:
+    """The directory name of a tenant's entries (a hash: any tenant name is safe)."""
+    return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class IndexEntry:
+    """One listed file as its entry name tells it (sorted by creation time, then id)."""
+
+    created_at: int
+    file_id: str
+    purpose: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.created_at:012d}.{self.file_id}.{self.purpose}"
+
+    @classmethod
+    def parse(cls, name: str) -> IndexEntry | None:
+        """The entry a name holds, or None for anything else (a marker, a temp file)."""
+        m = _ENTRY.match(name)
+        return None if m is None else cls(int(m[1]), m[2], m[3])
+
+
+def entry_for(created_at: int, file_id: str, purpose: str) -> IndexEntry:
+    """The entry of a file being stored; ValueError for a purpose no entry can hold."""
+    entry = IndexEntry(created_at, file_id, purpose)
+    if IndexEntry.parse(entry.name) != entry:
+        raise ValueError(f"cannot index file {file_id!r} with purpose {purpose!r}")
+    return entry
+
+
+def listing_order(
+    entries: Iterable[IndexEntry], *, purpose: str | None, after: str | None, order: str
+) -> list[IndexEntry]:
+    """The entries a listing walks, in creation `order`, from just after the file id
+    `after` (none when `after` is not among them: OpenAI's cursor is an id)."""
+    mine = sorted(
+        (e for e in entries if purpose is None or e.purpose == purpose),
+        reverse=order != "asc",
+    )
+    if after is not None:
+        ids = [e.file_id for e in mine]
+        mine = mine[ids.index(after) + 1 :] if after in ids else []
+    return mine
+
+
+__all__ = [
+    "INDEX_DIR",
+    "REINDEXED",
+    "IndexEntry",
+    "entry_for",
+    "listing_order",
+    "tenant_dir",
+]
