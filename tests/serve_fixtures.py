@@ -153,7 +153,7 @@ def offline_app(files: Path, config: Any = None) -> Any:
     from producer.client import QBatchClient
     from producer.serve.app import ServeConfig, build_state, create_app
     from producer.serve.auth import load_keyring
-    from producer.serve.storage import LocalStorage
+    from producer.serve.local_store import LocalStorage
 
     client = QBatchClient(bootstrap="127.0.0.1:9", redis_url="redis://127.0.0.1:9")
     keyring = load_keyring(f"{KEY_A}:team-a,{KEY_B}:team-b", None)

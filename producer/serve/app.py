@@ -41,6 +41,7 @@ from producer.serve.batches import (
 )
 from producer.serve.bodies import BATCH_BODY_BYTES, SYNC_BODY_BYTES, json_body
 from producer.serve.errors import ApiError, not_found
+from producer.serve.expiry import form_policy, policy_seconds
 from producer.serve.metrics import UsageRecorder
 from producer.serve.page import PAGE_BATCHES, register_page
 from producer.serve.runner import COLLECT_MARGIN_S, BatchRunner
@@ -55,7 +56,13 @@ log = logging.getLogger("qbatch.serve")
 
 MULTIPART_SLACK = 64 * 1024
 """Bytes a multipart body may hold beyond the file (boundaries, headers, purpose)."""
-BATCH_FIELDS = {"input_file_id", "endpoint", "completion_window", "metadata"}
+BATCH_FIELDS = {
+    "input_file_id",
+    "endpoint",
+    "completion_window",
+    "metadata",
+    "output_expires_after",
+}
 
 
 @dataclass(frozen=True)
@@ -211,6 +218,8 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
                 raise ApiError(
                     400, "the form has no 'file' part", code="missing_file", param="file"
                 )
+            policy = form_policy(receiver.fields, "expires_after")
+            expires_after_s = policy_seconds(policy, "expires_after")
             upload.close()
             problem = await run_in_threadpool(check_jsonl, upload.path)
             if problem:
@@ -227,6 +236,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
                 tenant=tenant,
                 filename=receiver.filename or "",
                 purpose=purpose,
+                expires_after_s=expires_after_s,
             )
         except UploadTooLarge:
             receiver.discard()
@@ -433,6 +443,9 @@ def _new_record(state: ServeState, tenant: str, body: Any) -> BatchRecord:
             code="invalid_request",
             param="metadata",
         )
+    output_expires_after_s = policy_seconds(
+        body.get("output_expires_after"), "output_expires_after"
+    )
     stored = state.storage.get(body["input_file_id"], tenant)
     if stored is None:
         raise not_found("File", body["input_file_id"])
@@ -454,6 +467,7 @@ def _new_record(state: ServeState, tenant: str, body: Any) -> BatchRecord:
         created_at=now,
         expires_at=now + window,
         metadata=metadata,
+        output_expires_after_s=output_expires_after_s,
     )
 
 

@@ -102,6 +102,8 @@ class BatchRecord:
     """request_counts frozen when the batch ends (the job hash expires after a week)."""
     ending: str | None = None
     """The final status finalizing leads to (`completed`, `cancelled` or `expired`)."""
+    output_expires_after_s: int | None = None
+    """The output and error files' `expires_after` (the create's `output_expires_after`)."""
     extra: dict[str, str] = field(default_factory=dict)
 
     def to_hash(self) -> dict[str, str]:
@@ -122,7 +124,7 @@ class BatchRecord:
             raw = data.pop(f.name)
             if f.name in _JSON_FIELDS:
                 kwargs[f.name] = json.loads(raw)
-            elif f.name.endswith("_at"):
+            elif f.name.endswith(("_at", "_s")):
                 kwargs[f.name] = int(raw)
             else:
                 kwargs[f.name] = raw

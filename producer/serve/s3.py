@@ -42,23 +42,20 @@ from producer.serve.file_index import (
     INDEX_DIR,
     REINDEXED,
     IndexEntry,
-    entry_for,
     tenant_dir,
 )
 from producer.serve.storage import (
-    FILE_ID,
+    FileStore,
     S3Location,
-    StorageBase,
     StorageError,
     StoredFile,
-    new_stored,
     stored_from_json,
 )
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 
 
-class S3Storage(StorageBase):
+class S3Storage(FileStore):
     """Files as objects in an S3-compatible bucket (see the module docstring)."""
 
     def __init__(self, client: Any, where: S3Location, tmp: Path | None = None) -> None:
@@ -87,10 +84,7 @@ class S3Storage(StorageBase):
 
     # ------------------------------------------------------------ writing
 
-    def _place(
-        self, src: Path, size: int, tenant: str, filename: str, purpose: str, file_id: str | None
-    ) -> StoredFile:
-        stored = new_stored(size, tenant, filename, purpose, file_id)
+    def _place(self, src: Path, stored: StoredFile) -> None:
         try:
             self.client.upload_file(str(src), self.bucket, self._key(stored.id, "data"))
         finally:
@@ -101,7 +95,6 @@ class S3Storage(StorageBase):
             Body=json.dumps(asdict(stored)).encode("utf-8"),
             ContentType="application/json",
         )
-        return stored
 
     # ------------------------------------------------------------ reading
 
@@ -116,12 +109,12 @@ class S3Storage(StorageBase):
             data: bytes = body.read()
         return data
 
-    def get(self, file_id: str, tenant: str) -> StoredFile | None:
-        """The file if it exists **and belongs to `tenant`** (else None)."""
-        if not FILE_ID.match(file_id):
-            return None
+    def _load(self, file_id: str, tenant: str) -> StoredFile | None:
         raw = self._read(self._key(file_id, "json"))
         return None if raw is None else stored_from_json(raw, tenant)
+
+    def _unlink(self, file_id: str, kind: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(file_id, kind))
 
     @contextlib.contextmanager
     def local_copy(self, stored: StoredFile) -> Iterator[Path]:
@@ -155,17 +148,6 @@ class S3Storage(StorageBase):
                 raw = self._read(obj["Key"]) if obj["Key"].endswith(".json") else None
                 if raw is not None:
                     yield raw
-
-    def delete(self, file_id: str, tenant: str) -> bool:
-        """Delete the tenant's file: metadata first (it vanishes), its index entry, then
-        the bytes."""
-        stored = self.get(file_id, tenant)
-        if stored is None:
-            return False
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(file_id, "json"))
-        self._index_drop(tenant, entry_for(stored.created_at, stored.id, stored.purpose))
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(file_id, "data"))
-        return True
 
     # ------------------------------------------------------------ the listing index
 

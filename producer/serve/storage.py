@@ -1,7 +1,7 @@
 """File storage of `qbatch serve` (OpenAI's Files API objects): `FileStore`, the interface
-the app and the runner use; `LocalStorage`, a local directory (pure filesystem, no
-sockets); `open_storage`, which picks the backend from a `--storage` URL (`s3://` is
-`producer.serve.s3`, imported only then).
+the app and the runner use and what its backends share; `open_storage`,
+which picks the backend from a `--storage` URL (a directory is
+`producer.serve.local_store`, `s3://` is `producer.serve.s3`, imported only then).
 
 Layout under the storage root::
 
@@ -31,18 +31,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from producer.serve.file_index import (
-    INDEX_DIR,
-    REINDEXED,
     IndexEntry,
     entry_for,
     listing_order,
-    tenant_dir,
 )
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24,64}$")
@@ -70,6 +67,13 @@ class StoredFile:
     filename: str
     purpose: str
     tenant: str
+    expires_at: int | None = None
+    """When the file stops existing (its `expires_after` policy; `producer.serve.expiry`)."""
+
+    def expired(self, now: float | None = None) -> bool:
+        return (
+            self.expires_at is not None and (time.time() if now is None else now) >= self.expires_at
+        )
 
     def openai(self) -> dict[str, Any]:
         return {
@@ -81,7 +85,7 @@ class StoredFile:
             "purpose": self.purpose,
             "status": "processed",
             "status_details": None,
-            "expires_at": None,
+            "expires_at": self.expires_at,
         }
 
 
@@ -97,13 +101,21 @@ def clean_filename(name: str | None) -> str:
 
 
 def new_stored(
-    size: int, tenant: str, filename: str, purpose: str, file_id: str | None
+    size: int,
+    tenant: str,
+    filename: str,
+    purpose: str,
+    file_id: str | None,
+    expires_after_s: int | None = None,
 ) -> StoredFile:
-    """The metadata of a file being placed (a new id unless `file_id`, which must be one)."""
+    """The metadata of a file being placed (a new id unless `file_id`, which must be one;
+    `expires_at` `expires_after_s` after its creation when given)."""
     fid = file_id or new_file_id()
     if not FILE_ID.match(fid):
         raise ValueError(f"not a file id: {fid!r}")
-    return StoredFile(fid, size, int(time.time()), clean_filename(filename), purpose, tenant)
+    now = int(time.time())
+    expires_at = None if expires_after_s is None else now + expires_after_s
+    return StoredFile(fid, size, now, clean_filename(filename), purpose, tenant, expires_at)
 
 
 def stored_any(raw: str | bytes) -> StoredFile | None:
@@ -161,53 +173,16 @@ def begin_upload(tmp: Path, limit: int) -> Upload:
     return Upload(os.fdopen(fd, "wb"), Path(name), limit)
 
 
-class FileStore(Protocol):
-    """What `qbatch serve` needs of a file storage (`LocalStorage`, `s3.S3Storage`)."""
+class FileStore:
+    """What `qbatch serve` needs of a file storage, and what every backend
+    (`local_store.LocalStorage`, `s3.S3Storage`) shares: uploads spooled in `tmp`,
+    placing, expiry, deleting, listing. A backend gives `local_copy`, `iter_bytes`,
+    `_place` (store a finished local file and its metadata), `_load` (a metadata
+    document), `_unlink` (one object), `_metadata_docs` (every metadata document it
+    holds) and the index's `_index_*`."""
 
     tmp: Path
     """A local directory for uploads being received and output files being collected."""
-
-    def begin(self, limit: int) -> Upload: ...
-
-    def commit(
-        self,
-        upload: Upload,
-        *,
-        tenant: str,
-        filename: str,
-        purpose: str,
-        file_id: str | None = None,
-    ) -> StoredFile: ...
-
-    def put(
-        self, src: Path, *, tenant: str, filename: str, purpose: str, file_id: str | None = None
-    ) -> StoredFile: ...
-
-    def get(self, file_id: str, tenant: str) -> StoredFile | None: ...
-
-    def local_copy(self, stored: StoredFile) -> AbstractContextManager[Path]: ...
-
-    def iter_bytes(self, stored: StoredFile, block: int = 1 << 16) -> Iterator[bytes]: ...
-
-    def list(
-        self,
-        tenant: str,
-        *,
-        purpose: str | None = None,
-        after: str | None = None,
-        limit: int = 10_000,
-        order: str = "desc",
-    ) -> tuple[list[StoredFile], bool]: ...
-
-    def delete(self, file_id: str, tenant: str) -> bool: ...
-
-
-class StorageBase:
-    """What every backend shares: uploads spooled in `tmp`, placing, listing. A backend
-    gives `_place` (store a finished local file and its metadata) and `_metadata_docs`
-    (every metadata document it holds)."""
-
-    tmp: Path
 
     # ------------------------------------------------------------ writing
 
@@ -222,30 +197,87 @@ class StorageBase:
         filename: str,
         purpose: str,
         file_id: str | None = None,
+        expires_after_s: int | None = None,
     ) -> StoredFile:
         """Move a received upload into place and publish its metadata."""
         upload.close()
-        stored = self._place(upload.path, upload.size, tenant, filename, purpose, file_id)
-        self._index(stored)
-        return stored
+        meta = new_stored(upload.size, tenant, filename, purpose, file_id, expires_after_s)
+        return self._store(upload.path, meta)
 
     def put(
-        self, src: Path, *, tenant: str, filename: str, purpose: str, file_id: str | None = None
+        self,
+        src: Path,
+        *,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        file_id: str | None = None,
+        expires_after_s: int | None = None,
     ) -> StoredFile:
         """Move a finished local file (same filesystem) in as a stored file."""
-        stored = self._place(src, src.stat().st_size, tenant, filename, purpose, file_id)
+        meta = new_stored(src.stat().st_size, tenant, filename, purpose, file_id, expires_after_s)
+        return self._store(src, meta)
+
+    def _store(self, src: Path, stored: StoredFile) -> StoredFile:
+        """Data, then metadata (`_place`), then the index entry."""
+        self._place(src, stored)
         self._index(stored)
         return stored
 
-    def _place(
-        self, src: Path, size: int, tenant: str, filename: str, purpose: str, file_id: str | None
-    ) -> StoredFile:
+    # ------------------------------------------------------------ reading, deleting
+
+    def get(self, file_id: str, tenant: str) -> StoredFile | None:
+        """The file if it exists, **belongs to `tenant`** and has not expired (else None:
+        a 404 either way, so another tenant's id tells nothing). An expired file met
+        here is removed."""
+        if not FILE_ID.match(file_id):
+            return None
+        stored = self._load(file_id, tenant)
+        if stored is not None and stored.expired():
+            self._remove(stored)
+            return None
+        return stored
+
+    def delete(self, file_id: str, tenant: str) -> bool:
+        stored = self.get(file_id, tenant)
+        if stored is None:
+            return False
+        self._remove(stored)
+        return True
+
+    def _remove(self, stored: StoredFile) -> None:
+        """Metadata first (the file vanishes), its index entry, then the bytes."""
+        self._unlink(stored.id, "json")
+        self._index_drop(stored.tenant, entry_for(stored.created_at, stored.id, stored.purpose))
+        self._unlink(stored.id, "data")
+
+    def sweep_expired(self, now: float | None = None) -> int:
+        """Remove every expired file, whoever owns it (reads every metadata document:
+        the runner calls it now and then, not per request); returns how many."""
+        gone = 0
+        for raw in self._metadata_docs():
+            stored = stored_any(raw)
+            if stored is not None and stored.expired(now):
+                self._remove(stored)
+                gone += 1
+        return gone
+
+    def _place(self, src: Path, stored: StoredFile) -> None:
+        raise NotImplementedError
+
+    def _load(self, file_id: str, tenant: str) -> StoredFile | None:
+        raise NotImplementedError
+
+    def _unlink(self, file_id: str, kind: str) -> None:
         raise NotImplementedError
 
     def _metadata_docs(self) -> Iterator[str | bytes]:
         raise NotImplementedError
 
-    def get(self, file_id: str, tenant: str) -> StoredFile | None:
+    def local_copy(self, stored: StoredFile) -> AbstractContextManager[Path]:
+        raise NotImplementedError
+
+    def iter_bytes(self, stored: StoredFile, block: int = 1 << 16) -> Iterator[bytes]:
         raise NotImplementedError
 
     def list(
@@ -313,108 +345,6 @@ class StorageBase:
         raise NotImplementedError
 
 
-class LocalStorage(StorageBase):
-    """Files in a local directory (default `./qbatch-files`; a volume in production)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.files = root / "files"
-        self.tmp = root / "tmp"
-        self.tenants = root / INDEX_DIR
-        for d in (self.files, self.tmp, self.tenants):
-            d.mkdir(parents=True, exist_ok=True)
-        self.reindex()
-
-    # ------------------------------------------------------------ writing
-
-    def _place(
-        self, src: Path, size: int, tenant: str, filename: str, purpose: str, file_id: str | None
-    ) -> StoredFile:
-        stored = new_stored(size, tenant, filename, purpose, file_id)
-        os.replace(src, self._data(stored.id))
-        self._write_json(self._meta(stored.id), asdict(stored))
-        return stored
-
-    def _write_json(self, path: Path, data: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".meta-", dir=self.tmp)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-
-    # ------------------------------------------------------------ reading
-
-    def _data(self, file_id: str) -> Path:
-        return self.files / f"{file_id}.data"
-
-    def _meta(self, file_id: str) -> Path:
-        return self.files / f"{file_id}.json"
-
-    def get(self, file_id: str, tenant: str) -> StoredFile | None:
-        """The file if it exists **and belongs to `tenant`** (else None: a 404 either way,
-        so another tenant's id tells nothing)."""
-        if not FILE_ID.match(file_id):
-            return None
-        try:
-            return stored_from_json(self._meta(file_id).read_text(encoding="utf-8"), tenant)
-        except FileNotFoundError:
-            return None
-
-    def path(self, stored: StoredFile) -> Path:
-        return self._data(stored.id)
-
-    @contextlib.contextmanager
-    def local_copy(self, stored: StoredFile) -> Iterator[Path]:
-        """The file's bytes as a local path (here: the data file itself)."""
-        yield self._data(stored.id)
-
-    def iter_bytes(self, stored: StoredFile, block: int = 1 << 16) -> Iterator[bytes]:
-        with self._data(stored.id).open("rb") as fh:
-            yield from iter(lambda: fh.read(block), b"")
-
-    def _metadata_docs(self) -> Iterator[str]:
-        for meta in self.files.glob("file-*.json"):
-            with contextlib.suppress(FileNotFoundError):
-                yield meta.read_text(encoding="utf-8")
-
-    def delete(self, file_id: str, tenant: str) -> bool:
-        """Delete the tenant's file: metadata first (it vanishes), its index entry, then
-        the bytes."""
-        stored = self.get(file_id, tenant)
-        if stored is None:
-            return False
-        with contextlib.suppress(FileNotFoundError):
-            self._meta(file_id).unlink()
-        self._index_drop(tenant, entry_for(stored.created_at, stored.id, stored.purpose))
-        with contextlib.suppress(FileNotFoundError):
-            self._data(file_id).unlink()
-        return True
-
-    # ------------------------------------------------------------ the listing index
-
-    def _index_add(self, tenant: str, entry: IndexEntry) -> None:
-        where = self.tenants / tenant_dir(tenant)
-        where.mkdir(exist_ok=True)
-        (where / entry.name).touch()
-
-    def _index_drop(self, tenant: str, entry: IndexEntry) -> None:
-        (self.tenants / tenant_dir(tenant) / entry.name).unlink(missing_ok=True)
-
-    def _index_entries(self, tenant: str) -> Iterator[IndexEntry]:
-        with contextlib.suppress(FileNotFoundError):
-            for item in os.scandir(self.tenants / tenant_dir(tenant)):
-                entry = IndexEntry.parse(item.name)
-                if entry is not None:
-                    yield entry
-
-    def _index_marked(self) -> bool:
-        return (self.tenants / REINDEXED).exists()
-
-    def _index_mark(self) -> None:
-        (self.tenants / REINDEXED).touch()
-
-
 # ------------------------------------------------------------ choosing a backend
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -464,6 +394,8 @@ def open_storage(value: str, *, s3_endpoint_url: str | None = None) -> FileStore
     reachable now, so a wrong setting stops the server at start."""
     where = parse_storage_url(value)
     if isinstance(where, Path):
+        from producer.serve.local_store import LocalStorage
+
         return LocalStorage(where)
     from producer.serve.s3 import S3Storage
 
@@ -475,9 +407,7 @@ __all__ = [
     "PURPOSE_BATCH",
     "PURPOSE_OUTPUT",
     "FileStore",
-    "LocalStorage",
     "S3Location",
-    "StorageBase",
     "StorageError",
     "StoredFile",
     "Upload",

@@ -30,8 +30,9 @@ from producer.bulk import request_id_for
 from producer.collect import collect_job
 from producer.jobs import JobStore
 from producer.serve.batches import BatchRecord, BatchStatus, BatchStore, new_batch_id
+from producer.serve.local_store import LocalStorage
 from producer.serve.runner import BatchRunner
-from producer.serve.storage import PURPOSE_BATCH, LocalStorage
+from producer.serve.storage import PURPOSE_BATCH
 from schemas import JobStatus
 from tests.serve_fixtures import batch_lines, jsonl
 
@@ -82,7 +83,13 @@ def runner(tmp_path: Path) -> Iterator[BatchRunner]:
         yield runner
 
 
-def _create(runner: BatchRunner, tmp: Path, expires_in_s: float, lines: int = LINES) -> str:
+def _create(
+    runner: BatchRunner,
+    tmp: Path,
+    expires_in_s: float,
+    lines: int = LINES,
+    output_expires_after_s: int | None = None,
+) -> str:
     src = tmp / "input.jsonl"
     src.write_bytes(jsonl(batch_lines(lines)))
     stored = runner.storage.put(src, tenant=TENANT, filename="input.jsonl", purpose=PURPOSE_BATCH)
@@ -96,6 +103,7 @@ def _create(runner: BatchRunner, tmp: Path, expires_in_s: float, lines: int = LI
         status=BatchStatus.validating,
         created_at=now,
         expires_at=int(now + expires_in_s),
+        output_expires_after_s=output_expires_after_s,
     )
     assert runner.batches.create(record, max_active=10)
     return record.id
@@ -154,6 +162,22 @@ def test_a_batch_past_its_window_before_its_job_began_expires_without_publishing
     _assert_expired_with_every_line(runner, batch_id)
     view = runner.jobs.view(batch_id)
     assert view is not None and view.submitted == LINES
+
+
+def test_output_files_carry_the_batchs_output_expires_after(
+    runner: BatchRunner, tmp_path: Path
+) -> None:
+    """`output_expires_after` is kept in the batch hash and given to the files it writes."""
+    batch_id = _create(runner, tmp_path, expires_in_s=-1, output_expires_after_s=7_200)
+    runner.tick()
+    _assert_expired_with_every_line(runner, batch_id)
+    record = runner.batches.load(batch_id)
+    assert record is not None and record.output_expires_after_s == 7_200
+    assert record.error_file_id is not None
+    stored = runner.storage.get(record.error_file_id, TENANT)
+    assert stored is not None and stored.expires_at == stored.created_at + 7_200
+    assert runner.storage.sweep_expired(stored.created_at + 7_200) == 1
+    assert runner.storage.get(record.error_file_id, TENANT) is None
 
 
 def test_a_huge_batch_publishes_in_turns_with_the_others(tmp_path: Path) -> None:

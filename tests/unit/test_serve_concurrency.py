@@ -28,7 +28,7 @@ import producer.serve.app
 from producer.client import QBatchClient
 from producer.serve.app import ServeConfig, build_state, create_app
 from producer.serve.auth import load_keyring
-from producer.serve.storage import LocalStorage
+from producer.serve.local_store import LocalStorage
 from tests.serve_fixtures import KEY_A, KEY_B, offline_app
 
 A = {"authorization": f"Bearer {KEY_A}"}

@@ -16,9 +16,9 @@ from typing import Any, cast
 import pytest
 
 from producer.serve.file_index import INDEX_DIR, tenant_dir
+from producer.serve.local_store import LocalStorage
 from producer.serve.storage import (
     FileStore,
-    LocalStorage,
     S3Location,
     StorageError,
     UploadTooLarge,
