@@ -92,10 +92,19 @@ def serve(
         int,
         typer.Option(
             envvar=_env("MAX_SYNC_INFLIGHT_PER_TENANT"),
-            help="One API key's share of --max-sync-inflight (0: all of it); past it: 429.",
+            help="One tenant's share of --max-sync-inflight (0: all of it); past it: 429.",
             min=0,
         ),
     ] = 0,
+    reindex: Annotated[
+        bool,
+        typer.Option(
+            "--reindex",
+            envvar=_env("REINDEX"),
+            help="Index every stored file again at start (after replicas of a release "
+            "before 2026-12-06 wrote files); otherwise once per store.",
+        ),
+    ] = False,
     models: Annotated[
         str,
         typer.Option(envvar=_env("MODELS"), help="Comma-separated names /v1/models lists."),
@@ -114,7 +123,7 @@ def serve(
 
         from producer.serve.app import ServeConfig, build_state, create_app
         from producer.serve.auth import KeysError, load_keyring
-        from producer.serve.storage import StorageError, open_storage
+        from producer.serve.storage_url import StorageError, open_storage
     except ModuleNotFoundError as exc:
         err.print(
             f"[red]error:[/] qbatch serve needs the serve extra ({exc.name} is missing): "
@@ -147,6 +156,7 @@ def serve(
         sync_timeout_s=sync_timeout,
         max_sync_inflight=max_sync_inflight,
         max_sync_inflight_per_tenant=max_sync_inflight_per_tenant or None,
+        reindex=reindex,
         metrics_token=os.environ.get("QBATCH_SERVE_METRICS_TOKEN") or None,
         models=tuple(m.strip() for m in models.split(",") if m.strip()),
     )

@@ -45,7 +45,12 @@ from producer.serve.expiry import form_policy, policy_seconds
 from producer.serve.metrics import UsageRecorder
 from producer.serve.page import PAGE_BATCHES, register_page
 from producer.serve.runner import COLLECT_MARGIN_S, BatchRunner
-from producer.serve.storage import PURPOSE_BATCH, FileStore, UploadTooLarge
+from producer.serve.storage import (
+    PURPOSE_BATCH,
+    FileStore,
+    UploadTooLarge,
+    reindex_in_background,
+)
 from producer.serve.sync import SyncSlots, request_timeout, run_sync
 from producer.serve.upload import FormReceiver, check_jsonl
 from producer.usage import UsageStore
@@ -77,6 +82,8 @@ class ServeConfig:
     max_sync_inflight: int = 256
     max_sync_inflight_per_tenant: int | None = None
     """One tenant's share of `max_sync_inflight` (None: all of it)."""
+    reindex: bool = False
+    """Index every stored file again at start (`--reindex`; else once per store)."""
     models: tuple[str, ...] = ()
     metrics_token: str | None = None
     """When set, `/metrics` needs `Authorization: Bearer` this token: its series name every
@@ -139,11 +146,12 @@ def _json_error(exc: ApiError) -> JSONResponse:
 
 def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     """The ASGI app. `run_batches`: start the batch runner with the app (and resume every
-    batch not in a final state)."""
+    batch not in a final state) and index the stored files if they need it."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if run_batches:
+            reindex_in_background(state.storage, force=state.config.reindex)
             state.runner.start()
         try:
             yield
@@ -457,6 +465,14 @@ def _new_record(state: ServeState, tenant: str, body: Any) -> BatchRecord:
             param="input_file_id",
         )
     now = int(time.time())
+    if stored.expires_at is not None and stored.expires_at < now + window:
+        raise ApiError(
+            400,
+            f"file {stored.id} expires (expires_at {stored.expires_at}) before the batch's "
+            f"completion window ends ({now + window}); upload it with a longer expires_after",
+            code="invalid_input_file",
+            param="input_file_id",
+        )
     return BatchRecord(
         id=new_batch_id(),
         tenant=tenant,

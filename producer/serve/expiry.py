@@ -4,7 +4,7 @@
 Both are `{"anchor": "created_at", "seconds": N}` with N from 3,600 (an hour) to
 2,592,000 (30 days), as OpenAI takes them. A file's `expires_at` is its `created_at`
 plus N; from then on the store treats it as gone (a 404, not listed) and removes it when
-it next meets it (`FileStore.get`) or on the runner's periodic sweep.
+the runner's periodic sweep comes to it (`FileStore.sweep_expired`).
 
 Without a policy a file is kept until deleted. OpenAI expires `batch` uploads after 30
 days by default; qbatch does not delete what its users did not ask it to.
@@ -12,6 +12,7 @@ days by default; qbatch does not delete what its users did not ask it to.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,7 +36,7 @@ def policy_seconds(value: Any, param: str) -> int | None:
     if value.get("anchor") != ANCHOR:
         raise _bad(f"{param}.anchor must be {ANCHOR!r}", f"{param}.anchor")
     seconds = value.get("seconds")
-    if isinstance(seconds, str) and seconds.isdigit() and len(seconds) <= 10:
+    if isinstance(seconds, str) and re.fullmatch(r"[0-9]{1,10}", seconds):
         seconds = int(seconds)  # a multipart form sends every value as text
     if (
         not isinstance(seconds, int)

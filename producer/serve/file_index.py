@@ -1,4 +1,5 @@
-"""The per-tenant listing index of `qbatch serve`'s file storage (pure: names and pages).
+"""The per-tenant listing index and the expiry index of `qbatch serve`'s file storage
+(pure: names, keys and the listing's walk).
 
 `GET /v1/files` used to read every metadata document in the store, every tenant's,
 to answer one tenant: on S3 that is one GET per file in the bucket for each list call.
@@ -14,7 +15,17 @@ Written after the metadata and removed after it, so an entry whose metadata is g
 a file being deleted (or one deleted by a server killed half-way): the listing skips
 it and drops it. A server killed between the metadata and the entry leaves a file that
 works by id but is not listed; its upload was never answered, so its client retries.
-Stores written before the index existed are indexed once when opened (`REINDEXED`).
+Stores written before the index existed are indexed once (`FileStore.reindex`, in the
+background when the server starts; `MARKER_KEY` says it is done; `qbatch serve
+--reindex` does it again, after replicas of an older release wrote files).
+
+Files with an `expires_after` policy also have an entry in one store-wide folder::
+
+    expiring/{expires_at:012d}.{file_id}
+
+written before the file itself (so a file never outlives a crash unswept). Names sort
+by time, so the sweep reads only the entries already due and stops at the first that is
+not: files without a policy cost it nothing.
 """
 
 from __future__ import annotations
@@ -25,10 +36,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 INDEX_DIR = "tenants"
+EXPIRY_DIR = "expiring"
 REINDEXED = ".indexed-v1"
-"""Marker name under `INDEX_DIR`: every file stored before the index has its entry."""
+MARKER_KEY = f"{INDEX_DIR}/{REINDEXED}"
+"""Every file stored before the index has its entries."""
+PURPOSE = re.compile(r"^[a-z_]{1,32}$")
+"""What a purpose an entry can hold looks like (OpenAI's: `batch`, `batch_output`, ...)."""
 
 _ENTRY = re.compile(r"^(\d{12})\.(file-[0-9a-f]{24,64})\.([a-z_]{1,32})$")
+_EXPIRY = re.compile(r"^(\d{12})\.(file-[0-9a-f]{24,64})$")
 
 
 def tenant_dir(tenant: str) -> str:
@@ -55,6 +71,35 @@ class IndexEntry:
         return None if m is None else cls(int(m[1]), m[2], m[3])
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class ExpiryEntry:
+    """One file with a policy, as its `expiring/` entry tells it (sorted by time)."""
+
+    expires_at: int
+    file_id: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.expires_at:012d}.{self.file_id}"
+
+    @classmethod
+    def parse(cls, name: str) -> ExpiryEntry | None:
+        m = _EXPIRY.match(name)
+        return None if m is None else cls(int(m[1]), m[2])
+
+
+def tenant_folder(tenant: str) -> str:
+    return f"{INDEX_DIR}/{tenant_dir(tenant)}"
+
+
+def tenant_key(tenant: str, entry: IndexEntry) -> str:
+    return f"{tenant_folder(tenant)}/{entry.name}"
+
+
+def expiry_key(entry: ExpiryEntry) -> str:
+    return f"{EXPIRY_DIR}/{entry.name}"
+
+
 def entry_for(created_at: int, file_id: str, purpose: str) -> IndexEntry:
     """The entry of a file being stored; ValueError for a purpose no entry can hold."""
     entry = IndexEntry(created_at, file_id, purpose)
@@ -79,10 +124,17 @@ def listing_order(
 
 
 __all__ = [
+    "EXPIRY_DIR",
     "INDEX_DIR",
+    "MARKER_KEY",
+    "PURPOSE",
     "REINDEXED",
+    "ExpiryEntry",
     "IndexEntry",
     "entry_for",
+    "expiry_key",
     "listing_order",
     "tenant_dir",
+    "tenant_folder",
+    "tenant_key",
 ]

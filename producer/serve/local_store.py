@@ -5,16 +5,12 @@ and why it is shaped so: `producer.serve.storage`."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-from producer.serve.file_index import INDEX_DIR, REINDEXED, IndexEntry, tenant_dir
-from producer.serve.storage import FileStore, StoredFile, stored_from_json
+from producer.serve.storage import FileStore, StoredFile
 
 
 class LocalStorage(FileStore):
@@ -24,26 +20,10 @@ class LocalStorage(FileStore):
         self.root = root
         self.files = root / "files"
         self.tmp = root / "tmp"
-        self.tenants = root / INDEX_DIR
-        for d in (self.files, self.tmp, self.tenants):
+        for d in (self.files, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
-        self.reindex()
 
-    # ------------------------------------------------------------ writing
-
-    def _place(self, src: Path, stored: StoredFile) -> None:
-        os.replace(src, self._data(stored.id))
-        self._write_json(self._meta(stored.id), asdict(stored))
-
-    def _write_json(self, path: Path, data: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".meta-", dir=self.tmp)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-
-    # ------------------------------------------------------------ reading
+    # ------------------------------------------------------------ a file's two objects
 
     def _data(self, file_id: str) -> Path:
         return self.files / f"{file_id}.data"
@@ -51,14 +31,28 @@ class LocalStorage(FileStore):
     def _meta(self, file_id: str) -> Path:
         return self.files / f"{file_id}.json"
 
-    def _load(self, file_id: str, tenant: str) -> StoredFile | None:
+    def _place(self, src: Path, stored: StoredFile) -> None:
+        os.replace(src, self._data(stored.id))
+        fd, tmp = tempfile.mkstemp(prefix=".meta-", dir=self.tmp)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(stored.document().encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self._meta(stored.id))
+
+    def _read_meta(self, file_id: str) -> str | None:
         try:
-            return stored_from_json(self._meta(file_id).read_text(encoding="utf-8"), tenant)
+            return self._meta(file_id).read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
 
     def _unlink(self, file_id: str, kind: str) -> None:
         (self._meta if kind == "json" else self._data)(file_id).unlink(missing_ok=True)
+
+    def _metadata_docs(self) -> Iterator[tuple[str, str]]:
+        for meta in self.files.glob("file-*.json"):
+            with contextlib.suppress(FileNotFoundError):
+                yield meta.stem, meta.read_text(encoding="utf-8")
 
     def path(self, stored: StoredFile) -> Path:
         return self._data(stored.id)
@@ -72,33 +66,25 @@ class LocalStorage(FileStore):
         with self._data(stored.id).open("rb") as fh:
             yield from iter(lambda: fh.read(block), b"")
 
-    def _metadata_docs(self) -> Iterator[str]:
-        for meta in self.files.glob("file-*.json"):
-            with contextlib.suppress(FileNotFoundError):
-                yield meta.read_text(encoding="utf-8")
+    # ------------------------------------------------------------ index entries (empty files)
 
-    # ------------------------------------------------------------ the listing index
+    def _mark(self, key: str) -> None:
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
 
-    def _index_add(self, tenant: str, entry: IndexEntry) -> None:
-        where = self.tenants / tenant_dir(tenant)
-        where.mkdir(exist_ok=True)
-        (where / entry.name).touch()
+    def _unmark(self, key: str) -> None:
+        (self.root / key).unlink(missing_ok=True)
 
-    def _index_drop(self, tenant: str, entry: IndexEntry) -> None:
-        (self.tenants / tenant_dir(tenant) / entry.name).unlink(missing_ok=True)
+    def _marked(self, key: str) -> bool:
+        return (self.root / key).exists()
 
-    def _index_entries(self, tenant: str) -> Iterator[IndexEntry]:
-        with contextlib.suppress(FileNotFoundError):
-            for item in os.scandir(self.tenants / tenant_dir(tenant)):
-                entry = IndexEntry.parse(item.name)
-                if entry is not None:
-                    yield entry
-
-    def _index_marked(self) -> bool:
-        return (self.tenants / REINDEXED).exists()
-
-    def _index_mark(self) -> None:
-        (self.tenants / REINDEXED).touch()
+    def _marks(self, folder: str) -> Iterator[str]:
+        try:
+            names = sorted(os.listdir(self.root / folder))
+        except FileNotFoundError:
+            return
+        yield from names
 
 
 __all__ = ["LocalStorage"]

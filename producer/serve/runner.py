@@ -102,7 +102,7 @@ class BatchRunner:
         chunk: int = DEFAULT_CHUNK,
         submit_slice_s: float = 2.0,
         expiry_grace_s: float = 300.0,
-        sweep_interval_s: float = 3_600.0,
+        sweep_interval_s: float = 300.0,
     ) -> None:
         self.client = client
         self.batches = batches

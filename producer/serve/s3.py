@@ -6,6 +6,7 @@ Objects under the prefix::
     files/{file_id}.data   the bytes
     files/{file_id}.json   the metadata (as LocalStorage's .json)
     tenants/{hash}/...     each tenant's listing index (empty objects; `file_index`)
+    expiring/...           files with an `expires_after` policy, by time
 
 Uploads are **spooled to a local temp file** (`tmp`, a private temp directory), counted
 as they come exactly as LocalStorage does, and sent with boto3's managed transfer
@@ -27,10 +28,8 @@ credentials: boto3's own chain (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 from __future__ import annotations
 
 import contextlib
-import json
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +37,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from producer.serve.file_index import (
-    INDEX_DIR,
-    REINDEXED,
-    IndexEntry,
-    tenant_dir,
-)
-from producer.serve.storage import (
-    FileStore,
-    S3Location,
-    StorageError,
-    StoredFile,
-    stored_from_json,
-)
+from producer.serve.storage import FileStore, StoredFile
+from producer.serve.storage_url import S3Location, StorageError
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 
@@ -75,9 +63,7 @@ class S3Storage(FileStore):
             client.head_bucket(Bucket=where.bucket)
         except (BotoCoreError, ClientError) as exc:
             raise StorageError(f"S3 bucket {where.bucket!r}: {exc}") from None
-        store = cls(client, where)
-        store.reindex()
-        return store
+        return cls(client, where)
 
     def _key(self, file_id: str, kind: str) -> str:
         return f"{self.prefix}files/{file_id}.{kind}"
@@ -92,7 +78,7 @@ class S3Storage(FileStore):
         self.client.put_object(
             Bucket=self.bucket,
             Key=self._key(stored.id, "json"),
-            Body=json.dumps(asdict(stored)).encode("utf-8"),
+            Body=stored.document().encode("utf-8"),
             ContentType="application/json",
         )
 
@@ -109,9 +95,8 @@ class S3Storage(FileStore):
             data: bytes = body.read()
         return data
 
-    def _load(self, file_id: str, tenant: str) -> StoredFile | None:
-        raw = self._read(self._key(file_id, "json"))
-        return None if raw is None else stored_from_json(raw, tenant)
+    def _read_meta(self, file_id: str) -> bytes | None:
+        return self._read(self._key(file_id, "json"))
 
     def _unlink(self, file_id: str, kind: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(file_id, kind))
@@ -138,49 +123,41 @@ class S3Storage(FileStore):
 
         return chunks()
 
-    def _metadata_docs(self) -> Iterator[bytes]:
+    def _metadata_docs(self) -> Iterator[tuple[str, bytes]]:
         """One LIST per 1,000 objects and one GET per metadata object."""
+        files = f"{self.prefix}files/"
+        for key in self._keys(f"{files}file-"):
+            raw = self._read(key) if key.endswith(".json") else None
+            if raw is not None:
+                yield key.removeprefix(files).removesuffix(".json"), raw
+
+    def _keys(self, prefix: str) -> Iterator[str]:
+        """Every key under `prefix`, in ascending order (S3 lists them so)."""
         pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=f"{self.prefix}files/file-"
+            Bucket=self.bucket, Prefix=prefix
         )
         for page in pages:
             for obj in page.get("Contents", []):
-                raw = self._read(obj["Key"]) if obj["Key"].endswith(".json") else None
-                if raw is not None:
-                    yield raw
+                yield obj["Key"]
 
-    # ------------------------------------------------------------ the listing index
+    # ------------------------------------------------------------ index entries (empty objects)
 
-    def _tenant_prefix(self, tenant: str) -> str:
-        return f"{self.prefix}{INDEX_DIR}/{tenant_dir(tenant)}/"
+    def _mark(self, key: str) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=b"")
 
-    def _index_add(self, tenant: str, entry: IndexEntry) -> None:
-        self.client.put_object(
-            Bucket=self.bucket, Key=self._tenant_prefix(tenant) + entry.name, Body=b""
-        )
+    def _unmark(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
 
-    def _index_drop(self, tenant: str, entry: IndexEntry) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._tenant_prefix(tenant) + entry.name)
+    def _marked(self, key: str) -> bool:
+        return self._read(self.prefix + key) is not None
 
-    def _index_entries(self, tenant: str) -> Iterator[IndexEntry]:
-        """One LIST per 1,000 of the tenant's files; no GETs."""
-        where = self._tenant_prefix(tenant)
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=where
-        )
-        for page in pages:
-            for obj in page.get("Contents", []):
-                entry = IndexEntry.parse(obj["Key"].removeprefix(where))
-                if entry is not None:
-                    yield entry
-
-    def _index_marked(self) -> bool:
-        return self._read(f"{self.prefix}{INDEX_DIR}/{REINDEXED}") is not None
-
-    def _index_mark(self) -> None:
-        self.client.put_object(
-            Bucket=self.bucket, Key=f"{self.prefix}{INDEX_DIR}/{REINDEXED}", Body=b""
-        )
+    def _marks(self, folder: str) -> Iterator[str]:
+        """One LIST per 1,000 entries; no GETs."""
+        where = f"{self.prefix}{folder}/"
+        for key in self._keys(where):
+            name = key.removeprefix(where)
+            if "/" not in name:
+                yield name
 
 
 __all__ = ["S3Storage"]

@@ -1,13 +1,13 @@
 """File storage of `qbatch serve` (OpenAI's Files API objects): `FileStore`, the interface
-the app and the runner use and what its backends share; `open_storage`,
-which picks the backend from a `--storage` URL (a directory is
-`producer.serve.local_store`, `s3://` is `producer.serve.s3`, imported only then).
+the app and the runner use and what its backends share (`producer.serve.local_store`,
+a directory; `producer.serve.s3`; `storage_url.open_storage` picks one).
 
 Layout under the storage root::
 
     files/{file_id}.data   the bytes
     files/{file_id}.json   the metadata (OpenAI's file object + the owning tenant)
     tenants/{hash}/...     each tenant's listing index (empty entries; `file_index`)
+    expiring/...           files with an `expires_after` policy, by time (`file_index`)
     tmp/                   uploads being received
 
 Why this shape: an upload streams into `tmp/` and is counted as it comes, so an
@@ -24,29 +24,40 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import re
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import unquote, urlsplit
 
 from producer.serve.file_index import (
+    EXPIRY_DIR,
+    MARKER_KEY,
+    PURPOSE,
+    ExpiryEntry,
     IndexEntry,
-    entry_for,
+    expiry_key,
     listing_order,
+    tenant_folder,
+    tenant_key,
 )
+
+log = logging.getLogger("qbatch.serve")
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24,64}$")
 """What a file id looks like; anything else is never turned into a path."""
 PURPOSE_BATCH = "batch"
 PURPOSE_OUTPUT = "batch_output"
 MAX_FILENAME_CHARS = 255
+MAX_TIME = 10**12
+"""Times past this (the year 33658) are not a stored file's: index names hold 12 digits."""
 
 
 class UploadTooLarge(Exception):
@@ -69,6 +80,33 @@ class StoredFile:
     tenant: str
     expires_at: int | None = None
     """When the file stops existing (its `expires_after` policy; `producer.serve.expiry`)."""
+
+    @property
+    def listing_entry(self) -> IndexEntry:
+        return IndexEntry(self.created_at, self.id, self.purpose)
+
+    @property
+    def expiry_entry(self) -> ExpiryEntry | None:
+        return None if self.expires_at is None else ExpiryEntry(self.expires_at, self.id)
+
+    def document(self) -> str:
+        """The metadata document (no `expires_at` key without a policy, so a release
+        from before expiry still reads it)."""
+        doc = {k: v for k, v in asdict(self).items() if v is not None}
+        return json.dumps(doc)
+
+    def well_formed(self) -> bool:
+        """Every field of the type and shape a stored file's has (a document read back
+        may be damaged or written by hand; it is then no file at all)."""
+        times = [self.bytes, self.created_at]
+        if self.expires_at is not None:
+            times.append(self.expires_at)
+        return (
+            all(type(v) is int and 0 <= v < MAX_TIME for v in times)
+            and all(type(v) is str for v in (self.id, self.filename, self.purpose, self.tenant))
+            and FILE_ID.match(self.id) is not None
+            and PURPOSE.match(self.purpose) is not None
+        )
 
     def expired(self, now: float | None = None) -> bool:
         return (
@@ -113,28 +151,27 @@ def new_stored(
     fid = file_id or new_file_id()
     if not FILE_ID.match(fid):
         raise ValueError(f"not a file id: {fid!r}")
+    if not PURPOSE.match(purpose):
+        raise ValueError(f"not a purpose a stored file can have: {purpose!r}")
     now = int(time.time())
     expires_at = None if expires_after_s is None else now + expires_after_s
     return StoredFile(fid, size, now, clean_filename(filename), purpose, tenant, expires_at)
 
 
+_FIELDS = tuple(f.name for f in fields(StoredFile) if f.name != "expires_at")
+
+
 def stored_any(raw: str | bytes) -> StoredFile | None:
-    """A metadata document's file, whoever owns it (None for a document that is not one)."""
+    """A metadata document's file, whoever owns it (None for a document that is not a
+    well-formed one: damaged, hand-written or of another kind)."""
     try:
-        return StoredFile(**json.loads(raw))
-    except (ValueError, TypeError):
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
         return None
-
-
-def stored_from_json(
-    raw: str | bytes, tenant: str, purpose: str | None = None
-) -> StoredFile | None:
-    """A metadata document's file if it belongs to `tenant` (and has `purpose`), else None
-    (also for a document that is not one)."""
-    stored = stored_any(raw)
-    if stored is None or stored.tenant != tenant:
+    if not isinstance(doc, dict) or not all(k in doc for k in _FIELDS):
         return None
-    return None if purpose is not None and stored.purpose != purpose else stored
+    stored = StoredFile(**{k: doc[k] for k in _FIELDS}, expires_at=doc.get("expires_at"))
+    return stored if stored.well_formed() else None
 
 
 class Upload:
@@ -176,10 +213,11 @@ def begin_upload(tmp: Path, limit: int) -> Upload:
 class FileStore:
     """What `qbatch serve` needs of a file storage, and what every backend
     (`local_store.LocalStorage`, `s3.S3Storage`) shares: uploads spooled in `tmp`,
-    placing, expiry, deleting, listing. A backend gives `local_copy`, `iter_bytes`,
-    `_place` (store a finished local file and its metadata), `_load` (a metadata
-    document), `_unlink` (one object), `_metadata_docs` (every metadata document it
-    holds) and the index's `_index_*`."""
+    placing, expiry, deleting, listing, the indexes. A backend gives `local_copy`,
+    `iter_bytes`, `_place` (a finished local file and its metadata), `_read_meta`,
+    `_unlink` (one of a file's two objects), `_metadata_docs` (every metadata document)
+    and the indexes' empty entries: `_mark`, `_unmark`, `_marked`, `_marks` (a folder's
+    names, in order)."""
 
     tmp: Path
     """A local directory for uploads being received and output files being collected."""
@@ -219,22 +257,30 @@ class FileStore:
         return self._store(src, meta)
 
     def _store(self, src: Path, stored: StoredFile) -> StoredFile:
-        """Data, then metadata (`_place`), then the index entry."""
+        """The expiry entry first (a file never outlives a crash unswept), then data and
+        metadata (`_place`), then the listing entry."""
+        if stored.expiry_entry is not None:
+            self._mark(expiry_key(stored.expiry_entry))
         self._place(src, stored)
-        self._index(stored)
+        self._mark(tenant_key(stored.tenant, stored.listing_entry))
         return stored
 
     # ------------------------------------------------------------ reading, deleting
 
+    def _load(self, file_id: str) -> StoredFile | None:
+        """The file `file_id` names, whoever owns it, expired or not."""
+        raw = self._read_meta(file_id)
+        stored = None if raw is None else stored_any(raw)
+        return stored if stored is not None and stored.id == file_id else None
+
     def get(self, file_id: str, tenant: str) -> StoredFile | None:
         """The file if it exists, **belongs to `tenant`** and has not expired (else None:
-        a 404 either way, so another tenant's id tells nothing). An expired file met
-        here is removed."""
+        a 404 either way, so another tenant's id tells nothing). Reading never deletes:
+        an expired file goes on the sweep, which checks it again first."""
         if not FILE_ID.match(file_id):
             return None
-        stored = self._load(file_id, tenant)
-        if stored is not None and stored.expired():
-            self._remove(stored)
+        stored = self._load(file_id)
+        if stored is None or stored.tenant != tenant or stored.expired():
             return None
         return stored
 
@@ -246,39 +292,39 @@ class FileStore:
         return True
 
     def _remove(self, stored: StoredFile) -> None:
-        """Metadata first (the file vanishes), its index entry, then the bytes."""
+        """Metadata first (the file vanishes), its entries, then the bytes."""
         self._unlink(stored.id, "json")
-        self._index_drop(stored.tenant, entry_for(stored.created_at, stored.id, stored.purpose))
+        self._unmark(tenant_key(stored.tenant, stored.listing_entry))
         self._unlink(stored.id, "data")
+        if stored.expiry_entry is not None:
+            self._unmark(expiry_key(stored.expiry_entry))
 
     def sweep_expired(self, now: float | None = None) -> int:
-        """Remove every expired file, whoever owns it (reads every metadata document:
-        the runner calls it now and then, not per request); returns how many."""
+        """Remove the files whose time has come, whoever owns them; returns how many.
+        Reads the expiry entries due (oldest first, stopping at the first not due) and
+        each one's metadata again: a file rewritten since under the same id (an output
+        file of a batch finalized again) has another time and stays. One file that
+        cannot be removed is logged and left for the next sweep; the others go on."""
+        now = time.time() if now is None else now
         gone = 0
-        for raw in self._metadata_docs():
-            stored = stored_any(raw)
-            if stored is not None and stored.expired(now):
-                self._remove(stored)
-                gone += 1
+        for name in self._marks(EXPIRY_DIR):
+            entry = ExpiryEntry.parse(name)
+            if entry is None:
+                continue
+            if entry.expires_at > now:
+                break
+            try:
+                stored = self._load(entry.file_id)
+                if stored is not None and stored.expiry_entry == entry:
+                    self._remove(stored)
+                    gone += 1
+                else:  # deleted or rewritten since: only the entry is left
+                    self._unmark(expiry_key(entry))
+            except Exception:
+                log.warning("serve storage: cannot remove expired %s", entry.file_id, exc_info=True)
         return gone
 
-    def _place(self, src: Path, stored: StoredFile) -> None:
-        raise NotImplementedError
-
-    def _load(self, file_id: str, tenant: str) -> StoredFile | None:
-        raise NotImplementedError
-
-    def _unlink(self, file_id: str, kind: str) -> None:
-        raise NotImplementedError
-
-    def _metadata_docs(self) -> Iterator[str | bytes]:
-        raise NotImplementedError
-
-    def local_copy(self, stored: StoredFile) -> AbstractContextManager[Path]:
-        raise NotImplementedError
-
-    def iter_bytes(self, stored: StoredFile, block: int = 1 << 16) -> Iterator[bytes]:
-        raise NotImplementedError
+    # ------------------------------------------------------------ listing
 
     def list(
         self,
@@ -291,115 +337,92 @@ class FileStore:
     ) -> tuple[list[StoredFile], bool]:
         """A tenant's files by creation time (`order`), after the file id `after`;
         returns (page, has_more). Walks the tenant's index entries (`file_index`) and
-        reads the metadata of the page's files only; an entry whose metadata is gone
-        (a file deleted meanwhile) is skipped and dropped."""
-        walk = listing_order(self._index_entries(tenant), purpose=purpose, after=after, order=order)
+        reads the metadata of the page's files only."""
+        entries = (IndexEntry.parse(name) for name in self._marks(tenant_folder(tenant)))
+        walk = listing_order(
+            (e for e in entries if e is not None), purpose=purpose, after=after, order=order
+        )
         live = (f for e in walk if (f := self._listed(tenant, e)) is not None)
         page = list(itertools.islice(live, limit))
         return page, next(live, None) is not None
 
     def _listed(self, tenant: str, entry: IndexEntry) -> StoredFile | None:
-        """The entry's file, or None (and the entry dropped) when it is gone or was
-        rewritten since (`put` with the same id gives it a new entry)."""
-        stored = self.get(entry.file_id, tenant)
-        if stored is None or (stored.created_at, stored.purpose) != (
-            entry.created_at,
-            entry.purpose,
-        ):
-            self._index_drop(tenant, entry)
+        """The entry's file, or None: expired (the sweep removes it), or gone or
+        rewritten since (`put` with the same id gives it a new entry), when the stale
+        entry is dropped here."""
+        stored = self._load(entry.file_id)
+        if stored is None or stored.tenant != tenant or stored.listing_entry != entry:
+            self._unmark(tenant_key(tenant, entry))
             return None
-        return stored
+        return None if stored.expired() else stored
 
-    # ------------------------------------------------------------ the listing index
-
-    def _index(self, stored: StoredFile) -> None:
-        self._index_add(stored.tenant, entry_for(stored.created_at, stored.id, stored.purpose))
-
-    def reindex(self) -> int:
-        """Give every stored file its index entry, once per store (stores written before
-        the index existed); returns how many files were indexed (0 once marked)."""
-        if self._index_marked():
+    def reindex(self, *, force: bool = False) -> int:
+        """Give every stored file its index entries: once per store (one written before
+        the index existed), or again when `force`d (after replicas of an older release
+        wrote files); returns how many files were indexed (0 when already marked)."""
+        if not force and self._marked(MARKER_KEY):
             return 0
         count = 0
-        for raw in self._metadata_docs():
+        for file_id, raw in self._metadata_docs():
             stored = stored_any(raw)
-            if stored is not None:
-                self._index(stored)
-                count += 1
-        self._index_mark()
+            if stored is None or stored.id != file_id:
+                continue
+            if stored.expiry_entry is not None:
+                self._mark(expiry_key(stored.expiry_entry))
+            self._mark(tenant_key(stored.tenant, stored.listing_entry))
+            count += 1
+        self._mark(MARKER_KEY)
         return count
 
-    def _index_add(self, tenant: str, entry: IndexEntry) -> None:
+    # ------------------------------------------------------------ what a backend gives
+
+    def _place(self, src: Path, stored: StoredFile) -> None:
         raise NotImplementedError
 
-    def _index_drop(self, tenant: str, entry: IndexEntry) -> None:
+    def _read_meta(self, file_id: str) -> str | bytes | None:
         raise NotImplementedError
 
-    def _index_entries(self, tenant: str) -> Iterator[IndexEntry]:
+    def _unlink(self, file_id: str, kind: str) -> None:
         raise NotImplementedError
 
-    def _index_marked(self) -> bool:
+    def _metadata_docs(self) -> Iterator[tuple[str, str | bytes]]:
+        """(file id from the document's name, the document) for every one stored."""
         raise NotImplementedError
 
-    def _index_mark(self) -> None:
+    def local_copy(self, stored: StoredFile) -> AbstractContextManager[Path]:
+        raise NotImplementedError
+
+    def iter_bytes(self, stored: StoredFile, block: int = 1 << 16) -> Iterator[bytes]:
+        raise NotImplementedError
+
+    def _mark(self, key: str) -> None:
+        raise NotImplementedError
+
+    def _unmark(self, key: str) -> None:
+        raise NotImplementedError
+
+    def _marked(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def _marks(self, folder: str) -> Iterator[str]:
+        """The entry names directly in `folder`, in ascending order."""
         raise NotImplementedError
 
 
-# ------------------------------------------------------------ choosing a backend
+def reindex_in_background(storage: FileStore, *, force: bool = False) -> None:
+    """`storage.reindex` on a thread of its own (on S3 a GET and a PUT per file, once):
+    the server answers meanwhile, listing what is indexed so far."""
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    def run() -> None:
+        try:
+            count = storage.reindex(force=force)
+        except Exception:
+            log.exception("serve storage: indexing the stored files failed; restart to retry")
+            return
+        if count:
+            log.info("serve storage: %d stored files indexed", count)
 
-
-class StorageError(ValueError):
-    """The storage setting is unusable (bad URL, unreachable bucket, no credentials)."""
-
-
-@dataclass(frozen=True, slots=True)
-class S3Location:
-    """`s3://bucket/prefix`: objects under `prefix` ("" or ending in "/")."""
-
-    bucket: str
-    prefix: str = ""
-
-
-def parse_storage_url(value: str) -> Path | S3Location:
-    """`--storage`: a plain path or `file:///path` (a local directory), or
-    `s3://bucket[/prefix]`. Anything else is a StorageError."""
-    text = value.strip()
-    if not text:
-        raise StorageError("the storage setting is empty")
-    if not _URL.match(text) and not text.startswith("file:"):
-        return Path(text)
-    parts = urlsplit(text)
-    scheme = parts.scheme.lower()
-    if parts.query or parts.fragment:
-        raise StorageError(f"a storage URL takes no query or fragment: {value!r}")
-    if scheme == "file":
-        if parts.netloc not in ("", "localhost"):
-            raise StorageError(f"file:// URLs name no other host: {value!r}")
-        if not parts.path:
-            raise StorageError(f"the file:// URL has no path: {value!r}")
-        return Path(unquote(parts.path))
-    if scheme == "s3":
-        if not _BUCKET.match(parts.netloc) or ".." in parts.netloc:
-            raise StorageError(f"not an S3 bucket name: {parts.netloc!r}")
-        prefix = unquote(parts.path).strip("/")
-        return S3Location(parts.netloc, f"{prefix}/" if prefix else "")
-    raise StorageError(f"storage must be a path, file:// or s3:// URL, not {scheme}://")
-
-
-def open_storage(value: str, *, s3_endpoint_url: str | None = None) -> FileStore:
-    """The storage `value` names (`parse_storage_url`); an S3 bucket is checked to be
-    reachable now, so a wrong setting stops the server at start."""
-    where = parse_storage_url(value)
-    if isinstance(where, Path):
-        from producer.serve.local_store import LocalStorage
-
-        return LocalStorage(where)
-    from producer.serve.s3 import S3Storage
-
-    return S3Storage.connect(where, endpoint_url=s3_endpoint_url)
+    threading.Thread(target=run, name="qbatch-serve-reindex", daemon=True).start()
 
 
 __all__ = [
@@ -407,8 +430,6 @@ __all__ = [
     "PURPOSE_BATCH",
     "PURPOSE_OUTPUT",
     "FileStore",
-    "S3Location",
-    "StorageError",
     "StoredFile",
     "Upload",
     "UploadTooLarge",
@@ -416,7 +437,6 @@ __all__ = [
     "clean_filename",
     "new_file_id",
     "new_stored",
-    "open_storage",
-    "parse_storage_url",
-    "stored_from_json",
+    "reindex_in_background",
+    "stored_any",
 ]

@@ -63,7 +63,7 @@ class SyncSlots:
 
     def __init__(self, limit: int, per_tenant: int | None = None) -> None:
         self.limit = limit
-        self.per_tenant = min(per_tenant or limit, limit)
+        self.per_tenant = min(per_tenant, limit) if per_tenant and per_tenant > 0 else limit
         self.limiter = anyio.CapacityLimiter(limit)
         self.in_flight = 0
         self.by_tenant: Counter[str] = Counter()
@@ -79,8 +79,8 @@ class SyncSlots:
         if self.by_tenant[tenant] >= self.per_tenant:
             raise ApiError(
                 429,
-                f"this key has {self.per_tenant} chat/completions requests in flight (the "
-                "limit per tenant, --max-sync-inflight-per-tenant); retry shortly",
+                f"this key's tenant has {self.per_tenant} chat/completions requests in flight "
+                "(the limit per tenant, --max-sync-inflight-per-tenant); retry shortly",
                 code="rate_limit_exceeded",
             )
         self.in_flight += 1

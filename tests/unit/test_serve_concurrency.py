@@ -29,6 +29,7 @@ from producer.client import QBatchClient
 from producer.serve.app import ServeConfig, build_state, create_app
 from producer.serve.auth import load_keyring
 from producer.serve.local_store import LocalStorage
+from producer.serve.sync import SyncSlots
 from tests.serve_fixtures import KEY_A, KEY_B, offline_app
 
 A = {"authorization": f"Bearer {KEY_A}"}
@@ -135,6 +136,10 @@ def test_one_tenant_cannot_take_every_sync_slot(tmp_path: Path, held: Held) -> N
     assert "--max-sync-inflight-per-tenant" in third.json()["error"]["message"]
     assert [r.status_code for r in out["held"]] == [200, 200, 200]  # B got a slot
     assert out["after_a"].status_code == 200  # A's slots came back
+
+
+def test_a_share_that_is_not_positive_is_the_whole_limit() -> None:
+    assert [SyncSlots(4, share).per_tenant for share in (None, 0, -1, 2, 9)] == [4, 4, 4, 2, 4]
 
 
 class SlowStore(LocalStorage):

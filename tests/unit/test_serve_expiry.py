@@ -2,7 +2,7 @@
 `output_expires_after` on a batch (`producer.serve.expiry`), driven through the real
 `openai` SDK against the app in process (no Kafka or Redis: every request here is
 answered before either would be reached). An expired file is a 404, is not listed, and
-its bytes are removed when met or swept.
+its bytes are removed by the sweep (reads never delete).
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def test_policies_taken(value: Any, seconds: int | None) -> None:
         ({"anchor": "created_at", "seconds": True}, "expires_after.seconds"),
         ({"anchor": "created_at", "seconds": "-3600"}, "expires_after.seconds"),
         ({"anchor": "created_at", "seconds": "9" * 400}, "expires_after.seconds"),
+        ({"anchor": "created_at", "seconds": "\u00b2"}, "expires_after.seconds"),  # isdigit()
+        ({"anchor": "created_at", "seconds": "\u0663\u0666\u0660\u0660"}, "expires_after.seconds"),
         ({"anchor": "created_at", "seconds": 3600, "x": 1}, "expires_after.x"),
     ],
 )
@@ -132,7 +134,10 @@ def test_an_upload_expires_after_its_policy(
         return listed
 
     assert sdk_run(app, after) == [kept.id]
-    assert not data.exists()  # removed when met, not only hidden
+    assert data.exists()  # hidden; reads never delete
+    monkeypatch.undo()
+    assert app.state.serve.storage.sweep_expired(brief.expires_at) == 1
+    assert not data.exists()
 
 
 def test_a_bad_upload_policy_is_a_400_and_nothing_is_kept(tmp_path: Path) -> None:
@@ -168,6 +173,26 @@ def test_a_bad_output_policy_refuses_the_batch(tmp_path: Path) -> None:
         return caught.value
 
     assert sdk_run(app, create).body["param"] == "output_expires_after.seconds"
+
+
+def test_a_batch_whose_input_expires_within_its_window_is_refused(tmp_path: Path) -> None:
+    """Its input would vanish while it runs (a restarted runner reads it again)."""
+    app = offline_app(tmp_path / "files")
+
+    async def create(client: openai.AsyncOpenAI) -> Any:
+        up = await client.files.create(
+            file=("in.jsonl", LINE),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": 3600},
+        )
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.batches.create(
+                input_file_id=up.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        return caught.value
+
+    error = sdk_run(app, create)
+    assert error.body["code"] == "invalid_input_file" and "expires" in error.body["message"]
 
 
 # ---------------------------------------------------------------- the sweep

@@ -5,6 +5,7 @@ Plus the `--storage` URL parsing."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 import uuid
@@ -15,18 +16,10 @@ from typing import Any, cast
 
 import pytest
 
-from producer.serve.file_index import INDEX_DIR, tenant_dir
+from producer.serve.file_index import EXPIRY_DIR, INDEX_DIR, tenant_dir
 from producer.serve.local_store import LocalStorage
-from producer.serve.storage import (
-    FileStore,
-    S3Location,
-    StorageError,
-    UploadTooLarge,
-    clean_filename,
-    new_file_id,
-    open_storage,
-    parse_storage_url,
-)
+from producer.serve.storage import FileStore, UploadTooLarge, clean_filename, new_file_id
+from producer.serve.storage_url import S3Location, StorageError, open_storage, parse_storage_url
 from producer.serve.upload import check_jsonl
 from tests.s3_fixtures import BUCKET, CREDENTIALS, moto_s3, object_keys
 
@@ -61,14 +54,16 @@ class Backend:
         return [k.rsplit("/", 1)[1] for k in keys]
 
     def drop_index(self) -> None:
-        """Remove the whole index and its marker (a store written before it existed)."""
+        """Remove both indexes and the marker (a store written before they existed)."""
         if self.endpoint is None:
             assert isinstance(self.storage, LocalStorage)
-            shutil.rmtree(self.storage.root / INDEX_DIR)
+            for folder in (INDEX_DIR, EXPIRY_DIR):
+                shutil.rmtree(self.storage.root / folder, ignore_errors=True)
             return
         s3 = cast(Any, self.storage).client
-        for key in object_keys(self.endpoint, prefix=f"{self.prefix}{INDEX_DIR}/"):
-            s3.delete_object(Bucket=BUCKET, Key=key)
+        for folder in (INDEX_DIR, EXPIRY_DIR):
+            for key in object_keys(self.endpoint, prefix=f"{self.prefix}{folder}/"):
+                s3.delete_object(Bucket=BUCKET, Key=key)
 
     def reopen(self) -> FileStore:
         if self.endpoint is None:
@@ -155,16 +150,16 @@ def test_listing_reads_only_the_tenants_own_page(
         _upload(storage, b"{}\n", tenant="busy")
     mine = [_upload(storage, b"{}\n", tenant="b") for _ in range(4)]
     reads: list[str] = []
-    real_get = storage.get
+    real_load = cast(Any, storage)._load
 
-    def counted(file_id: str, tenant: str) -> Any:
+    def counted(file_id: str) -> Any:
         reads.append(file_id)
-        return real_get(file_id, tenant)
+        return real_load(file_id)
 
     def no_scan() -> Any:
         raise AssertionError("a listing scanned every metadata document")
 
-    monkeypatch.setattr(storage, "get", counted)
+    monkeypatch.setattr(storage, "_load", counted)
     monkeypatch.setattr(storage, "_metadata_docs", no_scan)
     page, more = storage.list("b", limit=2)
     assert more is True and len(page) == 2 and set(reads) <= set(mine) and len(reads) == 3
@@ -203,9 +198,12 @@ def test_a_store_from_before_the_index_is_indexed_once_when_opened(
     ids = [_upload(storage, b"{}\n", tenant=t) for t in ("a", "a", "b")]
     backend.drop_index()
     again = backend.reopen()
+    assert again.list("a") == ([], False)  # not indexed yet
+    assert again.reindex() == 3
     assert sorted(f.id for f in again.list("a")[0]) == sorted(ids[:2])
     assert [f.id for f in again.list("b")[0]] == [ids[2]]
-    assert cast(Any, again).reindex() == 0  # marked: not scanned again
+    assert again.reindex() == 0  # marked: not scanned again
+    assert again.reindex(force=True) == 3  # unless forced
 
 
 def test_tenant_names_never_become_index_paths(backend: Backend) -> None:
@@ -216,6 +214,120 @@ def test_tenant_names_never_become_index_paths(backend: Backend) -> None:
         assert [f.id for f in storage.list(t)[0]] == [ids[t]]
     assert storage.list("x")[0] == [] and storage.list("a")[0] == []
     assert all(name.startswith("file-") for name in backend.stored_names())
+
+
+def put_file(storage: FileStore, file_id: str | None = None, **kw: Any) -> Any:
+    src = storage.tmp / f"put-{uuid.uuid4().hex}.jsonl"
+    src.write_text("{}\n")
+    kw.setdefault("tenant", "a")
+    return storage.put(src, filename="o.jsonl", purpose="batch_output", file_id=file_id, **kw)
+
+
+def write_meta(backend: Backend, file_id: str, doc: bytes) -> None:
+    """A metadata document written behind the store's back (damaged or hand-made)."""
+    if backend.endpoint is None:
+        assert isinstance(backend.storage, LocalStorage)
+        backend.storage.files.joinpath(f"{file_id}.json").write_bytes(doc)
+    else:
+        key = f"{backend.prefix}files/{file_id}.json"
+        cast(Any, backend.storage).client.put_object(Bucket=BUCKET, Key=key, Body=doc)
+
+
+def test_expired_files_are_hidden_then_swept_and_only_they(backend: Backend) -> None:
+    storage = backend.storage
+    brief = put_file(storage, expires_after_s=3600)
+    later_file = put_file(storage, tenant="b", expires_after_s=7200)
+    kept = put_file(storage)
+    assert brief.expires_at == brief.created_at + 3600
+    due = brief.created_at + 3600
+    assert storage.sweep_expired(due - 1) == 0 and storage.get(brief.id, "a") is not None
+    assert storage.sweep_expired(due) == 1
+    assert storage.get(brief.id, "a") is None
+    assert [f.id for f in storage.list("a")[0]] == [kept.id]
+    assert [f.id for f in storage.list("b")[0]] == [later_file.id]
+    assert sorted(backend.stored_names()) == sorted(
+        f"{f.id}.{kind}" for f in (later_file, kept) for kind in ("data", "json")
+    )
+
+
+def test_the_sweep_spares_a_file_rewritten_under_the_same_id(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output file written again (a batch finalized again, here 10 s later) has a new
+    time: the old expiry entry is dropped and the new file stays until its own."""
+    storage = backend.storage
+    fid = "file-" + "ab" * 16
+    old = put_file(storage, fid, expires_after_s=3600)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 10)
+    newer = put_file(storage, fid, expires_after_s=3600)
+    monkeypatch.setattr(time, "time", real)
+    assert newer.expires_at > old.expires_at
+    assert storage.sweep_expired(old.expires_at) == 0  # the old entry only
+    assert storage.get(fid, "a") == newer  # not due yet
+    assert f"{fid}.data" in backend.stored_names()
+    assert storage.sweep_expired(newer.expires_at) == 1
+    assert backend.stored_names() == []
+
+
+def test_expiry_is_hidden_from_reads_that_were_due_before_the_sweep(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading never deletes: a read of an expired file is a 404 and leaves the bytes
+    for the sweep (which checks the file again first)."""
+    storage = backend.storage
+    brief = put_file(storage, expires_after_s=3600)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3601)
+    assert storage.get(brief.id, "a") is None and storage.list("a") == ([], False)
+    assert storage.delete(brief.id, "a") is False
+    monkeypatch.setattr(time, "time", real)
+    assert f"{brief.id}.data" in backend.stored_names()
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        b'{"id": "FILE", "bytes": 3, "created_at": 1.7e9, "filename": "x", "purpose": "batch", "tenant": "a"}',
+        b'{"id": "FILE", "bytes": 3, "created_at": "1700000000", "filename": "x", "purpose": "batch", "tenant": "a"}',
+        b'{"id": "FILE", "bytes": 3, "created_at": -5, "filename": "x", "purpose": "batch", "tenant": "a"}',
+        b'{"id": "FILE", "bytes": 3, "created_at": 1700000000, "filename": "x", "purpose": "batch", "tenant": "a", "expires_at": "1700003600"}',
+        b'{"id": "FILE", "bytes": 3, "created_at": 1700000000, "filename": "x", "purpose": "fine-tune", "tenant": "a"}',
+        b'{"id": "file-../../x", "bytes": 3, "created_at": 1700000000, "filename": "x", "purpose": "batch", "tenant": "a"}',
+        b'{"id": "FILE", "bytes": true, "created_at": 1700000000, "filename": "x", "purpose": "batch", "tenant": "a"}',
+        b'{"id": "FILE", "bytes": 3, "created_at": 1700000000, "filename": ["x"], "purpose": "batch", "tenant": "a"}',
+    ],
+)
+def test_a_malformed_document_is_no_file_and_stops_nothing(backend: Backend, doc: bytes) -> None:
+    """A damaged or hand-written metadata document is neither found, listed nor indexed,
+    and the store opens, lists, indexes and sweeps around it."""
+    storage = backend.storage
+    good = put_file(storage, expires_after_s=3600)
+    bad = "file-" + "cd" * 16
+    write_meta(backend, bad, doc.replace(b"FILE", bad.encode()))
+    assert storage.get(bad, "a") is None
+    backend.drop_index()
+    again = backend.reopen()
+    assert again.reindex() == 1
+    assert [f.id for f in again.list("a")[0]] == [good.id]
+    assert again.sweep_expired(good.created_at + 3600) == 1
+
+
+def test_documents_without_a_policy_read_as_a_release_before_expiry_wrote_them(
+    backend: Backend,
+) -> None:
+    """No `expires_at` key without a policy (an older release, during a rolling update
+    or after a rollback, builds its file object from exactly the keys it knows)."""
+    storage = backend.storage
+    plain = put_file(storage)
+    if backend.endpoint is None:
+        assert isinstance(storage, LocalStorage)
+        doc = json.loads(storage.files.joinpath(f"{plain.id}.json").read_text())
+    else:
+        key = f"{backend.prefix}files/{plain.id}.json"
+        body = cast(Any, storage).client.get_object(Bucket=BUCKET, Key=key)["Body"]
+        doc = json.loads(body.read())
+    assert set(doc) == {"id", "bytes", "created_at", "filename", "purpose", "tenant"}
 
 
 def test_ids_that_are_not_file_ids_are_never_paths(backend: Backend) -> None:
