@@ -35,6 +35,7 @@ def test_proxy_and_sync_flags_reach_uvicorn_and_the_app(
             "7",
             "--max-sync-inflight-per-tenant",
             "3",
+            "--reindex",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -42,6 +43,7 @@ def test_proxy_and_sync_flags_reach_uvicorn_and_the_app(
     assert seen["kwargs"]["proxy_headers"] is True
     assert seen["app"].state.serve.config.max_sync_inflight == 7
     assert seen["app"].state.serve.config.max_sync_inflight_per_tenant == 3
+    assert seen["app"].state.serve.config.reindex is True
 
 
 def test_the_default_trusts_only_a_local_proxy(
