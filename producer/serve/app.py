@@ -61,6 +61,9 @@ log = logging.getLogger("qbatch.serve")
 
 MULTIPART_SLACK = 64 * 1024
 """Bytes a multipart body may hold beyond the file (boundaries, headers, purpose)."""
+INPUT_MARGIN_S = 3_600
+"""How long an input file must outlive its batch's window: the runner may read it again
+after the window (to answer lines nobody answered, `expiry_grace_s` later)."""
 BATCH_FIELDS = {
     "input_file_id",
     "endpoint",
@@ -465,11 +468,12 @@ def _new_record(state: ServeState, tenant: str, body: Any) -> BatchRecord:
             param="input_file_id",
         )
     now = int(time.time())
-    if stored.expires_at is not None and stored.expires_at < now + window:
+    if stored.expires_at is not None and stored.expires_at < now + window + INPUT_MARGIN_S:
         raise ApiError(
             400,
-            f"file {stored.id} expires (expires_at {stored.expires_at}) before the batch's "
-            f"completion window ends ({now + window}); upload it with a longer expires_after",
+            f"file {stored.id} expires (expires_at {stored.expires_at}) less than an hour "
+            f"after the batch's completion window ends ({now + window}); upload it with a "
+            "longer expires_after",
             code="invalid_input_file",
             param="input_file_id",
         )

@@ -33,17 +33,19 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 INDEX_DIR = "tenants"
 EXPIRY_DIR = "expiring"
-REINDEXED = ".indexed-v1"
+REINDEXED = ".indexed-v2"
 MARKER_KEY = f"{INDEX_DIR}/{REINDEXED}"
 """Every file stored before the index has its entries."""
 PURPOSE = re.compile(r"^[a-z_]{1,32}$")
 """What a purpose an entry can hold looks like (OpenAI's: `batch`, `batch_output`, ...)."""
 
-_ENTRY = re.compile(r"^(\d{12})\.(file-[0-9a-f]{24,64})\.([a-z_]{1,32})$")
+_ENTRY = re.compile(r"^(\d{12})\.(file-[0-9a-f]{24,64})\.([a-z_]{1,32})(?:\.gone(\d{12}))?$")
+TOMBSTONE_TTL_S = 86_400
+"""How long a removed file's entry is kept as a tombstone (`IndexEntry.gone_at`)."""
 _EXPIRY = re.compile(r"^(\d{12})\.(file-[0-9a-f]{24,64})$")
 
 
@@ -54,21 +56,34 @@ def tenant_dir(tenant: str) -> str:
 
 @dataclass(frozen=True, slots=True, order=True)
 class IndexEntry:
-    """One listed file as its entry name tells it (sorted by creation time, then id)."""
+    """One listed file as its entry name tells it (sorted by creation time, then id).
+
+    A removed file leaves a **tombstone** for a day (`gone_at`, the removal time, in the
+    name): never listed, but a cursor still finds its place. OpenAI's cursor is the
+    last id of the previous page, and the SDK's usual clean-up loop (`for f in
+    client.files.list(): client.files.delete(f.id)`) asks for the next page after a
+    file it has just deleted; without the tombstone that page would be empty."""
 
     created_at: int
     file_id: str
     purpose: str
+    gone_at: int | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
-        return f"{self.created_at:012d}.{self.file_id}.{self.purpose}"
+        base = f"{self.created_at:012d}.{self.file_id}.{self.purpose}"
+        return base if self.gone_at is None else f"{base}.gone{self.gone_at:012d}"
+
+    def tombstone(self, now: float) -> IndexEntry:
+        return replace(self, gone_at=int(now))
 
     @classmethod
     def parse(cls, name: str) -> IndexEntry | None:
         """The entry a name holds, or None for anything else (a marker, a temp file)."""
         m = _ENTRY.match(name)
-        return None if m is None else cls(int(m[1]), m[2], m[3])
+        if m is None:
+            return None
+        return cls(int(m[1]), m[2], m[3], None if m[4] is None else int(m[4]))
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -111,8 +126,9 @@ def entry_for(created_at: int, file_id: str, purpose: str) -> IndexEntry:
 def listing_order(
     entries: Iterable[IndexEntry], *, purpose: str | None, after: str | None, order: str
 ) -> list[IndexEntry]:
-    """The entries a listing walks, in creation `order`, from just after the file id
-    `after` (none when `after` is not among them: OpenAI's cursor is an id)."""
+    """The live entries a listing walks, in creation `order`, from just after the file
+    id `after`, found among live entries and tombstones alike (none when it is in
+    neither: OpenAI's cursor is an id)."""
     mine = sorted(
         (e for e in entries if purpose is None or e.purpose == purpose),
         reverse=order != "asc",
@@ -120,7 +136,7 @@ def listing_order(
     if after is not None:
         ids = [e.file_id for e in mine]
         mine = mine[ids.index(after) + 1 :] if after in ids else []
-    return mine
+    return [e for e in mine if e.gone_at is None]
 
 
 __all__ = [
@@ -129,6 +145,7 @@ __all__ = [
     "MARKER_KEY",
     "PURPOSE",
     "REINDEXED",
+    "TOMBSTONE_TTL_S",
     "ExpiryEntry",
     "IndexEntry",
     "entry_for",

@@ -40,19 +40,20 @@ class LocalStorage(FileStore):
             os.fsync(fh.fileno())
         os.replace(tmp, self._meta(stored.id))
 
-    def _read_meta(self, file_id: str) -> str | None:
+    def _read_meta(self, file_id: str) -> bytes | None:
+        """Bytes: a document that is not UTF-8 is then no file (`stored_any`), not a 500."""
         try:
-            return self._meta(file_id).read_text(encoding="utf-8")
+            return self._meta(file_id).read_bytes()
         except FileNotFoundError:
             return None
 
     def _unlink(self, file_id: str, kind: str) -> None:
         (self._meta if kind == "json" else self._data)(file_id).unlink(missing_ok=True)
 
-    def _metadata_docs(self) -> Iterator[tuple[str, str]]:
+    def _metadata_docs(self) -> Iterator[tuple[str, bytes]]:
         for meta in self.files.glob("file-*.json"):
             with contextlib.suppress(FileNotFoundError):
-                yield meta.stem, meta.read_text(encoding="utf-8")
+                yield meta.stem, meta.read_bytes()
 
     def path(self, stored: StoredFile) -> Path:
         return self._data(stored.id)

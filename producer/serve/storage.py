@@ -41,6 +41,7 @@ from producer.serve.file_index import (
     EXPIRY_DIR,
     MARKER_KEY,
     PURPOSE,
+    TOMBSTONE_TTL_S,
     ExpiryEntry,
     IndexEntry,
     expiry_key,
@@ -292,10 +293,18 @@ class FileStore:
         return True
 
     def _remove(self, stored: StoredFile) -> None:
-        """Metadata first (the file vanishes), its entries, then the bytes."""
+        """Metadata first (the file vanishes), its listing entry (a tombstone for a day:
+        `IndexEntry`), then the bytes, unless the id was written again meanwhile (an
+        output file of a batch finalized again: its new bytes stay)."""
         self._unlink(stored.id, "json")
-        self._unmark(tenant_key(stored.tenant, stored.listing_entry))
-        self._unlink(stored.id, "data")
+        entry = stored.listing_entry
+        self._mark(tenant_key(stored.tenant, entry.tombstone(time.time())))
+        self._unmark(tenant_key(stored.tenant, entry))
+        again = self._load(stored.id)
+        if again is None:
+            self._unlink(stored.id, "data")
+        else:  # its entry may share the name of the one just dropped (the same second)
+            self._mark(tenant_key(again.tenant, again.listing_entry))
         if stored.expiry_entry is not None:
             self._unmark(expiry_key(stored.expiry_entry))
 
@@ -338,10 +347,12 @@ class FileStore:
         """A tenant's files by creation time (`order`), after the file id `after`;
         returns (page, has_more). Walks the tenant's index entries (`file_index`) and
         reads the metadata of the page's files only."""
-        entries = (IndexEntry.parse(name) for name in self._marks(tenant_folder(tenant)))
-        walk = listing_order(
-            (e for e in entries if e is not None), purpose=purpose, after=after, order=order
-        )
+        entries = [e for n in self._marks(tenant_folder(tenant)) if (e := IndexEntry.parse(n))]
+        old = time.time() - TOMBSTONE_TTL_S
+        for e in entries:
+            if e.gone_at is not None and e.gone_at < old:
+                self._unmark(tenant_key(tenant, e))
+        walk = listing_order(entries, purpose=purpose, after=after, order=order)
         live = (f for e in walk if (f := self._listed(tenant, e)) is not None)
         page = list(itertools.islice(live, limit))
         return page, next(live, None) is not None

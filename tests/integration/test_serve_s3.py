@@ -61,7 +61,7 @@ def test_a_batch_through_s3_storage(s3_server: tuple[Server, str], tmp_path: Pat
     up = client.files.create(file=("in.jsonl", data), purpose="batch")
     # the bytes, the metadata and the tenant's index entry are objects in the bucket,
     # nothing else is (besides the index's marker, written as the server starts)
-    marker = f"{PREFIX}tenants/.indexed-v1"
+    marker = f"{PREFIX}tenants/.indexed-v2"
     keys = [k for k in object_keys(endpoint, prefix=PREFIX) if k != marker]
     assert keys[:2] == [f"{PREFIX}files/{up.id}.data", f"{PREFIX}files/{up.id}.json"]
     assert len(keys) == 3 and keys[2].startswith(f"{PREFIX}tenants/")

@@ -71,3 +71,16 @@ def test_the_walk_orders_filters_and_starts_after_the_cursor() -> None:
         A,
     ]
     assert listing_order(entries, purpose=None, after="file-" + "d" * 32, order="desc") == []
+
+
+def test_a_tombstone_keeps_a_cursors_place_and_is_never_walked() -> None:
+    live, gone = entry_for(1, A, "batch"), entry_for(2, B, "batch").tombstone(50)
+    assert gone.name == f"000000000002.{B}.batch.gone000000000050"
+    parsed = IndexEntry.parse(gone.name)
+    assert parsed is not None and parsed.gone_at == 50 and parsed == entry_for(2, B, "batch")
+    later = entry_for(3, C, "batch")
+    walk = listing_order([live, gone, later], purpose=None, after=B, order="asc")
+    assert [e.file_id for e in walk] == [C]
+    assert [
+        e.file_id for e in listing_order([live, gone], purpose=None, after=None, order="asc")
+    ] == [A]

@@ -313,6 +313,84 @@ def test_a_malformed_document_is_no_file_and_stops_nothing(backend: Backend, doc
     assert again.sweep_expired(good.created_at + 3600) == 1
 
 
+def test_a_document_that_is_not_utf8_is_no_file(backend: Backend) -> None:
+    storage = backend.storage
+    good = put_file(storage)
+    bad = put_file(storage)
+    write_meta(backend, bad.id, b'\xff{"id": 1}')
+    assert storage.get(bad.id, "a") is None
+    assert [f.id for f in storage.list("a")[0]] == [good.id]
+    assert storage.reindex(force=True) == 1
+
+
+def test_a_store_with_policies_but_no_expiry_entries_is_swept_after_reindex(
+    backend: Backend,
+) -> None:
+    """Files written before the expiry index (or by a release without it) get their
+    entries from the (re)index, so the sweep still comes to them."""
+    storage = backend.storage
+    brief = put_file(storage, expires_after_s=3600)
+    backend.drop_index()
+    again = backend.reopen()
+    assert again.sweep_expired(brief.created_at + 3600) == 0  # no entry: not seen
+    assert again.reindex() == 1
+    assert again.sweep_expired(brief.created_at + 3600) == 1
+    assert backend.stored_names() == []
+
+
+def test_paging_goes_on_after_the_files_of_the_last_page_were_deleted(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK's clean-up loop: list a page, delete its files, ask for the page after
+    the last (deleted) id. A removed file's entry stays a day as a tombstone."""
+    storage = backend.storage
+    real = time.time
+    ids = []
+    for n in range(5):  # one a second, so the order is known
+        monkeypatch.setattr(time, "time", lambda n=n: real() + n)
+        ids.append(put_file(storage).id)
+    seen: list[str] = []
+    after = None
+    while True:
+        page, more = storage.list("a", limit=2, after=after, order="asc")
+        seen += [f.id for f in page]
+        for f in page:
+            assert storage.delete(f.id, "a")
+        if not more:
+            break
+        after = page[-1].id
+    assert seen == ids and storage.list("a") == ([], False)
+    names = backend.index_names("a")
+    assert len(names) == 5 and all(".gone" in n for n in names)
+    monkeypatch.setattr(time, "time", lambda: real() + 86_400 + 10)
+    assert storage.list("a") == ([], False)
+    assert backend.index_names("a") == []  # tombstones older than a day are dropped
+
+
+def test_a_delete_racing_a_rewrite_of_the_same_id_keeps_the_new_file(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner writes an output file again (same id) while it is being deleted: the
+    new metadata, entry and bytes all stay."""
+    storage = backend.storage
+    fid = "file-" + "ef" * 16
+    put_file(storage, fid)
+    real_unlink = cast(Any, storage)._unlink
+    rewritten: list[Any] = []
+
+    def unlink(file_id: str, kind: str) -> None:
+        real_unlink(file_id, kind)
+        if kind == "json" and not rewritten:
+            rewritten.append(put_file(storage, fid))  # lands between metadata and bytes
+
+    monkeypatch.setattr(storage, "_unlink", unlink)
+    assert storage.delete(fid, "a")
+    new = storage.get(fid, "a")
+    assert new is not None and new == rewritten[0]
+    assert b"".join(storage.iter_bytes(new)) == b"{}\n"
+    assert [f.id for f in storage.list("a")[0]] == [fid]
+
+
 def test_documents_without_a_policy_read_as_a_release_before_expiry_wrote_them(
     backend: Backend,
 ) -> None:
