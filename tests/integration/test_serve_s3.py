@@ -77,9 +77,11 @@ def test_a_batch_through_s3_storage(s3_server: tuple[Server, str], tmp_path: Pat
     assert all(line["response"]["status_code"] == 200 for line in out)
     assert f"{PREFIX}files/{done.output_file_id}.data" in object_keys(endpoint, prefix=PREFIX)
     assert {f.id for f in client.files.list()} == {up.id, done.output_file_id}
-    # delete removes both objects
+    # delete removes both objects; the listing entry stays a day as a tombstone
     assert client.files.delete(up.id).deleted is True
-    assert not [k for k in object_keys(endpoint, prefix=PREFIX) if up.id in k]
+    left = [k for k in object_keys(endpoint, prefix=PREFIX) if up.id in k]
+    assert len(left) == 1 and left[0].startswith(f"{PREFIX}tenants/") and ".gone" in left[0]
+    assert {f.id for f in client.files.list()} == {done.output_file_id}
 
 
 def test_a_bad_storage_url_stops_the_server_at_start(s3_server: tuple[Server, str]) -> None:
