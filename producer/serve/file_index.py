@@ -40,13 +40,17 @@ EXPIRY_DIR = "expiring"
 REINDEXED = ".indexed-v2"
 MARKER_KEY = f"{INDEX_DIR}/{REINDEXED}"
 """Every file stored before the index has its entries."""
-PURPOSE = re.compile(r"^[a-z_]{1,32}$")
+_ID = r"file-[0-9a-f]{24,64}"
+_PURPOSE = r"[a-z_]{1,32}"
+FILE_ID = re.compile(rf"^{_ID}$")
+"""What a file id looks like; anything else is never turned into a path or a key."""
+PURPOSE = re.compile(rf"^{_PURPOSE}$")
 """What a purpose an entry can hold looks like (OpenAI's: `batch`, `batch_output`, ...)."""
 
-_ENTRY = re.compile(r"^(\d{12})\.(file-[0-9a-f]{24,64})\.([a-z_]{1,32})(?:\.gone(\d{12}))?$")
+_ENTRY = re.compile(rf"^(\d{{12}})\.({_ID})\.({_PURPOSE})(?:\.gone(\d{{12}}))?$")
 TOMBSTONE_TTL_S = 86_400
 """How long a removed file's entry is kept as a tombstone (`IndexEntry.gone_at`)."""
-_EXPIRY = re.compile(r"^(\d{12})\.(file-[0-9a-f]{24,64})$")
+_EXPIRY = re.compile(rf"^(\d{{12}})\.({_ID})$")
 
 
 def tenant_dir(tenant: str) -> str:
@@ -115,14 +119,6 @@ def expiry_key(entry: ExpiryEntry) -> str:
     return f"{EXPIRY_DIR}/{entry.name}"
 
 
-def entry_for(created_at: int, file_id: str, purpose: str) -> IndexEntry:
-    """The entry of a file being stored; ValueError for a purpose no entry can hold."""
-    entry = IndexEntry(created_at, file_id, purpose)
-    if IndexEntry.parse(entry.name) != entry:
-        raise ValueError(f"cannot index file {file_id!r} with purpose {purpose!r}")
-    return entry
-
-
 def listing_order(
     entries: Iterable[IndexEntry], *, purpose: str | None, after: str | None, order: str
 ) -> list[IndexEntry]:
@@ -141,6 +137,7 @@ def listing_order(
 
 __all__ = [
     "EXPIRY_DIR",
+    "FILE_ID",
     "INDEX_DIR",
     "MARKER_KEY",
     "PURPOSE",
@@ -148,7 +145,6 @@ __all__ = [
     "TOMBSTONE_TTL_S",
     "ExpiryEntry",
     "IndexEntry",
-    "entry_for",
     "expiry_key",
     "listing_order",
     "tenant_dir",

@@ -26,7 +26,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
@@ -39,6 +38,7 @@ from typing import Any, BinaryIO
 
 from producer.serve.file_index import (
     EXPIRY_DIR,
+    FILE_ID,
     MARKER_KEY,
     PURPOSE,
     TOMBSTONE_TTL_S,
@@ -52,8 +52,6 @@ from producer.serve.file_index import (
 
 log = logging.getLogger("qbatch.serve")
 
-FILE_ID = re.compile(r"^file-[0-9a-f]{24,64}$")
-"""What a file id looks like; anything else is never turned into a path."""
 PURPOSE_BATCH = "batch"
 PURPOSE_OUTPUT = "batch_output"
 MAX_FILENAME_CHARS = 255

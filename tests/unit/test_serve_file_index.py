@@ -7,10 +7,10 @@ import pytest
 from producer.serve.file_index import (
     REINDEXED,
     IndexEntry,
-    entry_for,
     listing_order,
     tenant_dir,
 )
+from producer.serve.storage import new_stored
 
 A = "file-" + "a" * 32
 B = "file-" + "b" * 32
@@ -18,10 +18,10 @@ C = "file-" + "c" * 32
 
 
 def test_an_entry_name_round_trips_and_sorts_by_time() -> None:
-    entry = entry_for(1_700_000_000, A, "batch")
+    entry = IndexEntry(1_700_000_000, A, "batch")
     assert entry.name == f"001700000000.{A}.batch"
     assert IndexEntry.parse(entry.name) == entry
-    assert entry_for(9, B, "batch") < entry_for(10, A, "batch")
+    assert IndexEntry(9, B, "batch") < IndexEntry(10, A, "batch")
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_anything_else_in_an_index_directory_is_not_an_entry(name: str) -> None:
 @pytest.mark.parametrize("purpose", ["", "Batch", "a/b", "x" * 33, "batch.out"])
 def test_a_purpose_no_name_can_hold_is_refused(purpose: str) -> None:
     with pytest.raises(ValueError):
-        entry_for(1, A, purpose)
+        new_stored(3, "a", "x.jsonl", purpose, A)
 
 
 def test_tenant_dirs_are_fixed_width_hex_and_distinct() -> None:
@@ -54,7 +54,11 @@ def test_tenant_dirs_are_fixed_width_hex_and_distinct() -> None:
 
 
 def test_the_walk_orders_filters_and_starts_after_the_cursor() -> None:
-    entries = [entry_for(3, C, "batch"), entry_for(1, A, "batch"), entry_for(2, B, "batch_output")]
+    entries = [
+        IndexEntry(3, C, "batch"),
+        IndexEntry(1, A, "batch"),
+        IndexEntry(2, B, "batch_output"),
+    ]
     assert [e.file_id for e in listing_order(entries, purpose=None, after=None, order="desc")] == [
         C,
         B,
@@ -74,11 +78,11 @@ def test_the_walk_orders_filters_and_starts_after_the_cursor() -> None:
 
 
 def test_a_tombstone_keeps_a_cursors_place_and_is_never_walked() -> None:
-    live, gone = entry_for(1, A, "batch"), entry_for(2, B, "batch").tombstone(50)
+    live, gone = IndexEntry(1, A, "batch"), IndexEntry(2, B, "batch").tombstone(50)
     assert gone.name == f"000000000002.{B}.batch.gone000000000050"
     parsed = IndexEntry.parse(gone.name)
-    assert parsed is not None and parsed.gone_at == 50 and parsed == entry_for(2, B, "batch")
-    later = entry_for(3, C, "batch")
+    assert parsed is not None and parsed.gone_at == 50 and parsed == IndexEntry(2, B, "batch")
+    later = IndexEntry(3, C, "batch")
     walk = listing_order([live, gone, later], purpose=None, after=B, order="asc")
     assert [e.file_id for e in walk] == [C]
     assert [
