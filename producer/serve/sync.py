@@ -65,8 +65,12 @@ class SyncSlots:
         self.limit = limit
         self.per_tenant = min(per_tenant, limit) if per_tenant and per_tenant > 0 else limit
         self.limiter = anyio.CapacityLimiter(limit)
-        self.in_flight = 0
         self.by_tenant: Counter[str] = Counter()
+        """Requests in flight, per tenant (a tenant leaves it at none)."""
+
+    @property
+    def in_flight(self) -> int:
+        return self.by_tenant.total()
 
     def take(self, tenant: str) -> None:
         if self.in_flight >= self.limit:
@@ -83,11 +87,9 @@ class SyncSlots:
                 "(the limit per tenant, --max-sync-inflight-per-tenant); retry shortly",
                 code="rate_limit_exceeded",
             )
-        self.in_flight += 1
         self.by_tenant[tenant] += 1
 
     def give(self, tenant: str) -> None:
-        self.in_flight -= 1
         self.by_tenant[tenant] -= 1
         if self.by_tenant[tenant] <= 0:
             del self.by_tenant[tenant]
