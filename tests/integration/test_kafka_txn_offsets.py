@@ -8,6 +8,7 @@ case fails, and the patch (and this test's unpatched half) can go.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,11 +20,23 @@ from kafka.structs import OffsetAndMetadata
 
 from schemas.kafka_compat import forget_stale_txn_offsets
 
+# Short group timeouts: a rebalance that stalls (a member's JoinGroup lost on a loaded
+# machine; CI saw one held past 30 s while the broker waited out the default 45 s
+# session for the other member) is settled by the broker within seconds instead.
+GROUP_TIMEOUTS = {
+    "session_timeout_ms": 10_000,
+    "heartbeat_interval_ms": 1_000,
+    "max_poll_interval_ms": 45_000,  # the transaction steps between polls stay well inside
+}
+SETTLE_S = 90.0  # several session timeouts: the broker evicts a stuck member, the rest rejoin
+
 
 def _poll_until(consumers: list[KafkaConsumer], done: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not done():
-        assert time.monotonic() < deadline, "the group did not settle"
+        assert time.monotonic() < deadline, "the group did not settle: " + ", ".join(
+            f"member {i}: {sorted(c.assignment())}" for i, c in enumerate(consumers)
+        )
         for consumer in consumers:
             consumer.poll(timeout_ms=100)
 
@@ -52,7 +65,10 @@ def test_an_aborted_transactions_offsets_stay_uncommitted(
     fresh_topic: Callable[..., str],
     prefix: str,
     patched: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # the coordinator's timeline is printed if the group fails to settle
+    caplog.set_level(logging.DEBUG, logger="kafka.coordinator")
     source, sink = fresh_topic(partitions=2), fresh_topic(partitions=1)
     group = f"{prefix}-{'p' if patched else 'u'}-group"
     both = {TopicPartition(source, 0), TopicPartition(source, 1)}
@@ -73,11 +89,13 @@ def test_an_aborted_transactions_offsets_stay_uncommitted(
     consumers: list[KafkaConsumer] = [first]
     producer: Any = None
     try:
-        _poll_until(consumers, lambda: first.assignment() == both, 30)
+        _poll_until(consumers, lambda: first.assignment() == both, SETTLE_S)
         stale = first.group_metadata()  # generation 1: both partitions are first's
         second = member()
         consumers.append(second)
-        _poll_until(consumers, lambda: len(first.assignment()) == len(second.assignment()) == 1, 30)
+        _poll_until(
+            consumers, lambda: len(first.assignment()) == len(second.assignment()) == 1, SETTLE_S
+        )
         kept = next(iter(first.assignment()))
         (given_away,) = both - {kept}
 
