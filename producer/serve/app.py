@@ -28,16 +28,14 @@ from starlette.exceptions import HTTPException
 from producer.client import QBatchClient
 from producer.jobs import JobStore
 from producer.serve.auth import KeyRing
+from producer.serve.batch_request import new_batch_record
 from producer.serve.batches import (
-    ENDPOINTS,
     FINAL,
     MAX_WINDOW_HOURS,
     BatchRecord,
     BatchStatus,
     BatchStore,
     batch_object,
-    new_batch_id,
-    window_seconds,
 )
 from producer.serve.bodies import BATCH_BODY_BYTES, SYNC_BODY_BYTES, json_body
 from producer.serve.errors import ApiError, not_found
@@ -61,16 +59,6 @@ log = logging.getLogger("qbatch.serve")
 
 MULTIPART_SLACK = 64 * 1024
 """Bytes a multipart body may hold beyond the file (boundaries, headers, purpose)."""
-INPUT_MARGIN_S = 3_600
-"""How long an input file must outlive its batch's window: the runner may read it again
-after the window (to answer lines nobody answered, `expiry_grace_s` later)."""
-BATCH_FIELDS = {
-    "input_file_id",
-    "endpoint",
-    "completion_window",
-    "metadata",
-    "output_expires_after",
-}
 
 
 @dataclass(frozen=True)
@@ -298,7 +286,8 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     @app.post("/v1/batches")
     async def create_batch(request: Request, tenant: Tenant) -> dict[str, Any]:
         body = await json_body(request, BATCH_BODY_BYTES)
-        record = await run_in_threadpool(_new_record, state, tenant, body)  # reads storage
+        # off the event loop: reads the input file's metadata from storage
+        record = await run_in_threadpool(new_batch_record, state.storage, tenant, body)
         max_active = (
             state.keyring.limits_for(tenant).max_concurrent_batches or cfg.max_concurrent_batches
         )
@@ -414,81 +403,6 @@ def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
         "last_id": data[-1]["id"] if data else None,
         "has_more": has_more,
     }
-
-
-def _new_record(state: ServeState, tenant: str, body: Any) -> BatchRecord:
-    """Check a create-batch body (each refusal names its field) and build the record."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_request")
-    unknown = sorted(set(body) - BATCH_FIELDS)
-    if unknown:
-        raise ApiError(
-            400, f"unknown field {unknown[0]!r}", code="unknown_parameter", param=unknown[0]
-        )
-    for name in ("input_file_id", "endpoint", "completion_window"):
-        if not isinstance(body.get(name), str):
-            raise ApiError(
-                400, f"{name} is required (a string)", code="invalid_request", param=name
-            )
-    endpoint = body["endpoint"]
-    if endpoint not in ENDPOINTS:
-        raise ApiError(
-            400,
-            f"endpoint {endpoint!r} is not served by qbatch; use one of {', '.join(ENDPOINTS)}",
-            code="invalid_endpoint",
-            param="endpoint",
-        )
-    try:
-        window = window_seconds(body["completion_window"])
-    except ValueError as exc:
-        raise ApiError(400, str(exc), code="invalid_request", param="completion_window") from None
-    metadata = body.get("metadata")
-    if metadata is not None and not (
-        isinstance(metadata, dict)
-        and len(metadata) <= 16
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
-    ):
-        raise ApiError(
-            400,
-            "metadata must be at most 16 string keys with string values",
-            code="invalid_request",
-            param="metadata",
-        )
-    output_expires_after_s = policy_seconds(
-        body.get("output_expires_after"), "output_expires_after"
-    )
-    stored = state.storage.get(body["input_file_id"], tenant)
-    if stored is None:
-        raise not_found("File", body["input_file_id"])
-    if stored.purpose != PURPOSE_BATCH:
-        raise ApiError(
-            400,
-            f"file {stored.id} has purpose {stored.purpose!r}; a batch needs a 'batch' file",
-            code="invalid_input_file",
-            param="input_file_id",
-        )
-    now = int(time.time())
-    if stored.expires_at is not None and stored.expires_at < now + window + INPUT_MARGIN_S:
-        raise ApiError(
-            400,
-            f"file {stored.id} expires (expires_at {stored.expires_at}) less than an hour "
-            f"after the batch's completion window ends ({now + window}); upload it with a "
-            "longer expires_after",
-            code="invalid_input_file",
-            param="input_file_id",
-        )
-    return BatchRecord(
-        id=new_batch_id(),
-        tenant=tenant,
-        endpoint=endpoint,
-        input_file_id=stored.id,
-        completion_window=body["completion_window"],
-        status=BatchStatus.validating,
-        created_at=now,
-        expires_at=now + window,
-        metadata=metadata,
-        output_expires_after_s=output_expires_after_s,
-    )
 
 
 __all__ = ["ServeConfig", "ServeState", "build_state", "create_app"]
