@@ -63,6 +63,15 @@ def serve(
             envvar=_env("MAX_CONCURRENT_BATCHES"), help="Batches in progress per tenant.", min=1
         ),
     ] = 16,
+    max_storage_bytes: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("MAX_STORAGE_BYTES"),
+            help="Bytes one tenant's stored files (uploads and batch outputs) may hold; an "
+            "upload past it: 413 (0: no limit).",
+            min=0,
+        ),
+    ] = 0,
     sync_timeout: Annotated[
         float,
         typer.Option(
@@ -153,6 +162,7 @@ def serve(
     config = ServeConfig(
         max_upload_bytes=max_upload_bytes,
         max_concurrent_batches=max_concurrent_batches,
+        max_storage_bytes=max_storage_bytes or None,
         sync_timeout_s=sync_timeout,
         max_sync_inflight=max_sync_inflight,
         max_sync_inflight_per_tenant=max_sync_inflight_per_tenant or None,

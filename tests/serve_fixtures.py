@@ -146,16 +146,18 @@ def wait_batch(
         time.sleep(poll_s)
 
 
-def offline_app(files: Path, config: Any = None) -> Any:
+def offline_app(files: Path, config: Any = None, limits: dict[str, Any] | None = None) -> Any:
     """The real `qbatch serve` app, in process, for tests that drive it as ASGI without
     Kafka or Redis: its client points at closed ports and connects only on first use,
-    and the batch runner is not started. Keys: KEY_A (team-a), KEY_B (team-b)."""
+    and the batch runner is not started. Keys: KEY_A (team-a), KEY_B (team-b); `limits`:
+    tenant -> `TenantLimits`, as a keys file gives them."""
     from producer.client import QBatchClient
     from producer.serve.app import ServeConfig, build_state, create_app
-    from producer.serve.auth import load_keyring
+    from producer.serve.auth import KeyRing, load_keyring
     from producer.serve.local_store import LocalStorage
 
     client = QBatchClient(bootstrap="127.0.0.1:9", redis_url="redis://127.0.0.1:9")
     keyring = load_keyring(f"{KEY_A}:team-a,{KEY_B}:team-b", None)
+    keyring = KeyRing(keyring.digests, limits or {})
     state = build_state(config or ServeConfig(), keyring, LocalStorage(files), client)
     return create_app(state, run_batches=False)

@@ -67,6 +67,9 @@ class ServeConfig:
 
     max_upload_bytes: int = 200 * 1024 * 1024
     max_concurrent_batches: int = 16
+    max_storage_bytes: int | None = None
+    """What one tenant's stored files may hold (None: no limit); a tenant's
+    `max_storage_bytes` in the keys file overrides it."""
     sync_timeout_s: float = 600.0
     """A sync request's deadline when the client sends no `X-Stainless-Timeout`."""
     max_sync_timeout_s: float = 3_600.0
@@ -196,10 +199,15 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
 
     @app.post("/v1/files")
     async def create_file(request: Request, tenant: Tenant) -> dict[str, Any]:
-        limit = state.keyring.limits_for(tenant).max_upload_bytes or cfg.max_upload_bytes
+        limits = state.keyring.limits_for(tenant)
+        limit = limits.max_upload_bytes or cfg.max_upload_bytes
+        quota = limits.max_storage_bytes or cfg.max_storage_bytes
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit + MULTIPART_SLACK:
             raise _too_large(limit)
+        if quota is not None:  # before receiving: refused at once when it cannot fit
+            least = max(int(length) - MULTIPART_SLACK, 1) if length.isdigit() else 1
+            await _check_room(state, tenant, quota, least)
         receiver = FormReceiver(request.headers.get("content-type", ""), state.storage, limit)
         try:
             async for chunk in request.stream():
@@ -228,6 +236,8 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
                     code="invalid_file_format",
                     param="file",
                 )
+            if quota is not None:  # again with the size: other uploads may have landed
+                await _check_room(state, tenant, quota, upload.size)
             # off the event loop: with S3 storage this is an upload of up to the limit
             stored = await run_in_threadpool(
                 state.storage.commit,
@@ -393,6 +403,22 @@ def _too_large(limit: int) -> ApiError:
         code="file_too_large",
         param="file",
     )
+
+
+async def _check_room(state: ServeState, tenant: str, quota: int, size: int) -> None:
+    """413 unless `size` more bytes fit in the tenant's `quota` (a soft limit: uploads
+    racing each other on several connections may each pass)."""
+    used = await run_in_threadpool(state.storage.usage, tenant)
+    if used + size > quota:
+        log.info("serve: %s's upload of %d bytes refused: %d of %d used", tenant, size, used, quota)
+        raise ApiError(
+            413,
+            f"Storage limit reached: this key's tenant's files hold {used} of its {quota} "
+            f"bytes and this upload needs {size} more; delete files (DELETE "
+            "/v1/files/{file_id}) to make room",
+            code="storage_limit_reached",
+            param="file",
+        )
 
 
 def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

@@ -11,7 +11,8 @@ Two sources, both read once at start:
         - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
           tenant: team-a
       tenants:                      # optional per-tenant limits
-        team-a: {max_upload_bytes: 104857600, max_concurrent_batches: 4}
+        team-a: {max_upload_bytes: 104857600, max_concurrent_batches: 4,
+                 max_storage_bytes: 10737418240}
 
   (`printf %s "$KEY" | sha256sum` gives a digest.)
 
@@ -26,7 +27,7 @@ import hashlib
 import hmac
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,10 @@ class TenantLimits:
 
     max_upload_bytes: int | None = None
     max_concurrent_batches: int | None = None
+    max_storage_bytes: int | None = None
+
+
+LIMIT_FIELDS = frozenset(f.name for f in fields(TenantLimits))
 
 
 @dataclass(frozen=True)
@@ -134,11 +139,10 @@ def parse_keys_document(doc: Any, source: str) -> KeyRing:
     for name, spec in tenants.items():
         where = f"{source}: tenants.{name}"
         _tenant(name, where)
-        if not isinstance(spec, dict) or set(spec) - {"max_upload_bytes", "max_concurrent_batches"}:
-            raise KeysError(f"{where}: expected {{max_upload_bytes, max_concurrent_batches}}")
+        if not isinstance(spec, dict) or set(spec) - LIMIT_FIELDS:
+            raise KeysError(f"{where}: expected a mapping of {', '.join(sorted(LIMIT_FIELDS))}")
         limits[name] = TenantLimits(
-            _positive(spec.get("max_upload_bytes"), f"{where}.max_upload_bytes"),
-            _positive(spec.get("max_concurrent_batches"), f"{where}.max_concurrent_batches"),
+            **{k: _positive(spec.get(k), f"{where}.{k}") for k in sorted(LIMIT_FIELDS)}
         )
     return KeyRing(tuple(digests), limits)
 

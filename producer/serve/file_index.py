@@ -19,6 +19,15 @@ Stores written before the index existed are indexed once (`FileStore.reindex`, i
 background when the server starts; `MARKER_KEY` says it is done; `qbatch serve
 --reindex` does it again, after replicas of an older release wrote files).
 
+Beside its listing entry each file has a **size entry** in the same folder::
+
+    tenants/{tenant_dir}/size.{file_id}.{bytes}
+
+so a tenant's storage use (its quota's measure, `tally`) is the same one walk of its
+folder, with no metadata read. A release from before sizes skips these names (they
+are no listing entry), and a file it stored has none: `FileStore.usage` reads that
+file's metadata once and writes the entry.
+
 Files with an `expires_after` policy also have an entry in one store-wide folder::
 
     expiring/{expires_at:012d}.{file_id}
@@ -37,9 +46,9 @@ from dataclasses import dataclass, field, replace
 
 INDEX_DIR = "tenants"
 EXPIRY_DIR = "expiring"
-REINDEXED = ".indexed-v2"
+REINDEXED = ".indexed-v3"
 MARKER_KEY = f"{INDEX_DIR}/{REINDEXED}"
-"""Every file stored before the index has its entries."""
+"""Every file stored before the index has its entries (v3: its size entry too)."""
 _ID = r"file-[0-9a-f]{24,64}"
 _PURPOSE = r"[a-z_]{1,32}"
 FILE_ID = re.compile(rf"^{_ID}$")
@@ -51,6 +60,7 @@ _ENTRY = re.compile(rf"^(\d{{12}})\.({_ID})\.({_PURPOSE})(?:\.gone(\d{{12}}))?$"
 TOMBSTONE_TTL_S = 86_400
 """How long a removed file's entry is kept as a tombstone (`IndexEntry.gone_at`)."""
 _EXPIRY = re.compile(rf"^(\d{{12}})\.({_ID})$")
+_SIZE = re.compile(rf"^size\.({_ID})\.(\d{{1,15}})$")
 
 
 def tenant_dir(tenant: str) -> str:
@@ -107,11 +117,59 @@ class ExpiryEntry:
         return None if m is None else cls(int(m[1]), m[2])
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class SizeEntry:
+    """A stored file's size, as its `size.` entry in its tenant's folder tells it."""
+
+    file_id: str
+    bytes: int
+
+    @property
+    def name(self) -> str:
+        return f"size.{self.file_id}.{self.bytes}"
+
+    @classmethod
+    def parse(cls, name: str) -> SizeEntry | None:
+        m = _SIZE.match(name)
+        return None if m is None else cls(m[1], int(m[2]))
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """A tenant's storage use as its folder's names tell it (`tally`)."""
+
+    bytes: int
+    """The sizes of the listed files with exactly one size entry."""
+    stale: list[SizeEntry]
+    """Size entries of files no longer listed (removed, or being removed): to drop."""
+    unsure: dict[str, list[SizeEntry]]
+    """Listed files with no size entry (stored by an older release, or being stored
+    now) or several (rewritten under the same id): their metadata says which."""
+
+
+def tally(names: Iterable[str]) -> Tally:
+    """What a tenant's folder says its files hold. A size entry counts only beside a
+    live listing entry of its file: the listing entry is written before it and removed
+    before it, so one without the other is a file half stored or half removed."""
+    live: set[str] = set()
+    sizes: dict[str, list[SizeEntry]] = {}
+    for name in names:
+        if (entry := IndexEntry.parse(name)) is not None:
+            if entry.gone_at is None:
+                live.add(entry.file_id)
+        elif (size := SizeEntry.parse(name)) is not None:
+            sizes.setdefault(size.file_id, []).append(size)
+    stale = [s for fid, found in sizes.items() if fid not in live for s in found]
+    counted = [found[0].bytes for fid, found in sizes.items() if fid in live and len(found) == 1]
+    unsure = {fid: sizes.get(fid, []) for fid in sorted(live) if len(sizes.get(fid, [])) != 1}
+    return Tally(sum(counted), stale, unsure)
+
+
 def tenant_folder(tenant: str) -> str:
     return f"{INDEX_DIR}/{tenant_dir(tenant)}"
 
 
-def tenant_key(tenant: str, entry: IndexEntry) -> str:
+def tenant_key(tenant: str, entry: IndexEntry | SizeEntry) -> str:
     return f"{tenant_folder(tenant)}/{entry.name}"
 
 
@@ -145,8 +203,11 @@ __all__ = [
     "TOMBSTONE_TTL_S",
     "ExpiryEntry",
     "IndexEntry",
+    "SizeEntry",
+    "Tally",
     "expiry_key",
     "listing_order",
+    "tally",
     "tenant_dir",
     "tenant_folder",
     "tenant_key",

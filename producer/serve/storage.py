@@ -6,7 +6,8 @@ Layout under the storage root::
 
     files/{file_id}.data   the bytes
     files/{file_id}.json   the metadata (OpenAI's file object + the owning tenant)
-    tenants/{hash}/...     each tenant's listing index (empty entries; `file_index`)
+    tenants/{hash}/...     each tenant's listing index and file sizes (empty entries;
+                           `file_index`)
     expiring/...           files with an `expires_after` policy, by time (`file_index`)
     tmp/                   uploads being received
 
@@ -21,12 +22,10 @@ a restart rewrites the same files instead of leaving orphans.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 import uuid
@@ -34,7 +33,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from producer.serve.file_index import (
     EXPIRY_DIR,
@@ -44,11 +43,14 @@ from producer.serve.file_index import (
     TOMBSTONE_TTL_S,
     ExpiryEntry,
     IndexEntry,
+    SizeEntry,
     expiry_key,
     listing_order,
+    tally,
     tenant_folder,
     tenant_key,
 )
+from producer.serve.spool import Upload, UploadTooLarge, begin_upload
 
 log = logging.getLogger("qbatch.serve")
 
@@ -57,14 +59,6 @@ PURPOSE_OUTPUT = "batch_output"
 MAX_FILENAME_CHARS = 255
 MAX_TIME = 10**12
 """Times past this (the year 33658) are not a stored file's: index names hold 12 digits."""
-
-
-class UploadTooLarge(Exception):
-    """The upload went past its byte limit (nothing was kept)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"file is larger than the limit of {limit} bytes")
-        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +77,10 @@ class StoredFile:
     @property
     def listing_entry(self) -> IndexEntry:
         return IndexEntry(self.created_at, self.id, self.purpose)
+
+    @property
+    def size_entry(self) -> SizeEntry:
+        return SizeEntry(self.id, self.bytes)
 
     @property
     def expiry_entry(self) -> ExpiryEntry | None:
@@ -173,42 +171,6 @@ def stored_any(raw: str | bytes) -> StoredFile | None:
     return stored if stored.well_formed() else None
 
 
-class Upload:
-    """An upload being received: `write` chunks (UploadTooLarge past `limit`), then
-    `FileStore.commit` it, or `discard` it. Always a local file (a storage's `tmp/`), so
-    the JSONL check reads it before anything is stored."""
-
-    def __init__(self, fh: BinaryIO, path: Path, limit: int) -> None:
-        self._fh = fh
-        self.path = path
-        self.limit = limit
-        self.size = 0
-
-    def write(self, chunk: bytes) -> None:
-        self.size += len(chunk)
-        if self.size > self.limit:
-            raise UploadTooLarge(self.limit)
-        self._fh.write(chunk)
-
-    def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-
-    def discard(self) -> None:
-        with contextlib.suppress(OSError):
-            self._fh.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-
-
-def begin_upload(tmp: Path, limit: int) -> Upload:
-    """A new upload spooled to a temp file in `tmp`."""
-    fd, name = tempfile.mkstemp(prefix="upload-", dir=tmp)
-    return Upload(os.fdopen(fd, "wb"), Path(name), limit)
-
-
 class FileStore:
     """What `qbatch serve` needs of a file storage, and what every backend
     (`local_store.LocalStorage`, `s3.S3Storage`) shares: uploads spooled in `tmp`,
@@ -239,7 +201,7 @@ class FileStore:
         """Move a received upload into place and publish its metadata."""
         upload.close()
         meta = new_stored(upload.size, tenant, filename, purpose, file_id, expires_after_s)
-        return self._store(upload.path, meta)
+        return self._store(upload.path, meta, may_exist=file_id is not None)
 
     def put(
         self,
@@ -253,15 +215,26 @@ class FileStore:
     ) -> StoredFile:
         """Move a finished local file (same filesystem) in as a stored file."""
         meta = new_stored(src.stat().st_size, tenant, filename, purpose, file_id, expires_after_s)
-        return self._store(src, meta)
+        return self._store(src, meta, may_exist=file_id is not None)
 
-    def _store(self, src: Path, stored: StoredFile) -> StoredFile:
+    def _store(self, src: Path, stored: StoredFile, *, may_exist: bool) -> StoredFile:
         """The expiry entry first (a file never outlives a crash unswept), then data and
-        metadata (`_place`), then the listing entry."""
+        metadata (`_place`), then the listing entry, then the size entry (`tally` counts a
+        size only beside its listing entry). A file it replaces (`may_exist`: the same id,
+        an output file of a batch finalized again) loses its entries of other names."""
+        before = self._load(stored.id) if may_exist else None
         if stored.expiry_entry is not None:
             self._mark(expiry_key(stored.expiry_entry))
         self._place(src, stored)
         self._mark(tenant_key(stored.tenant, stored.listing_entry))
+        self._mark(tenant_key(stored.tenant, stored.size_entry))
+        if before is not None:
+            for old, new in (
+                (tenant_key(before.tenant, before.listing_entry), stored.listing_entry),
+                (tenant_key(before.tenant, before.size_entry), stored.size_entry),
+            ):
+                if old != tenant_key(stored.tenant, new):
+                    self._unmark(old)
         return stored
 
     # ------------------------------------------------------------ reading, deleting
@@ -298,11 +271,13 @@ class FileStore:
         entry = stored.listing_entry
         self._mark(tenant_key(stored.tenant, entry.tombstone(time.time())))
         self._unmark(tenant_key(stored.tenant, entry))
+        self._unmark(tenant_key(stored.tenant, stored.size_entry))
         again = self._load(stored.id)
         if again is None:
             self._unlink(stored.id, "data")
-        else:  # its entry may share the name of the one just dropped (the same second)
+        else:  # its entries may share the names of those just dropped (the same second)
             self._mark(tenant_key(again.tenant, again.listing_entry))
+            self._mark(tenant_key(again.tenant, again.size_entry))
         if stored.expiry_entry is not None:
             self._unmark(expiry_key(stored.expiry_entry))
 
@@ -365,6 +340,28 @@ class FileStore:
             return None
         return None if stored.expired() else stored
 
+    def usage(self, tenant: str) -> int:
+        """The bytes a tenant's files hold (`--max-storage-bytes` measures this): one walk
+        of its folder (`tally`). Size entries of removed files are dropped; a listed file
+        with no size entry, or several, has its metadata read and its one right entry
+        written. Expired files count until the sweep removes them."""
+        folder = tenant_folder(tenant)
+        found = tally(self._marks(folder))
+        for size in found.stale:
+            self._unmark(tenant_key(tenant, size))
+        total = found.bytes
+        for file_id, sizes in found.unsure.items():
+            stored = self._load(file_id)
+            right = stored.size_entry if stored is not None and stored.tenant == tenant else None
+            for size in sizes:
+                if size != right:
+                    self._unmark(tenant_key(tenant, size))
+            if right is not None:
+                if right not in sizes:
+                    self._mark(tenant_key(tenant, right))
+                total += right.bytes
+        return total
+
     def reindex(self, *, force: bool = False) -> int:
         """Give every stored file its index entries: once per store (one written before
         the index existed), or again when `force`d (after replicas of an older release
@@ -379,6 +376,7 @@ class FileStore:
             if stored.expiry_entry is not None:
                 self._mark(expiry_key(stored.expiry_entry))
             self._mark(tenant_key(stored.tenant, stored.listing_entry))
+            self._mark(tenant_key(stored.tenant, stored.size_entry))
             count += 1
         self._mark(MARKER_KEY)
         return count

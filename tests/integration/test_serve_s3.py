@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from producer.cli_common import EXIT_USAGE
+from producer.serve.file_index import MARKER_KEY
 from tests.s3_fixtures import BUCKET, CREDENTIALS, moto_s3, object_keys
 from tests.serve_fixtures import Server, batch_lines, jsonl, keys_file, read_file, wait_batch
 
@@ -59,13 +60,14 @@ def test_a_batch_through_s3_storage(s3_server: tuple[Server, str], tmp_path: Pat
     n = 50
     data = jsonl(batch_lines(n))
     up = client.files.create(file=("in.jsonl", data), purpose="batch")
-    # the bytes, the metadata and the tenant's index entry are objects in the bucket,
-    # nothing else is (besides the index's marker, written as the server starts)
-    marker = f"{PREFIX}tenants/.indexed-v2"
+    # the bytes, the metadata and the tenant's index and size entries are objects in the
+    # bucket, nothing else is (besides the index's marker, written as the server starts)
+    marker = f"{PREFIX}{MARKER_KEY}"
     keys = [k for k in object_keys(endpoint, prefix=PREFIX) if k != marker]
     assert keys[:2] == [f"{PREFIX}files/{up.id}.data", f"{PREFIX}files/{up.id}.json"]
-    assert len(keys) == 3 and keys[2].startswith(f"{PREFIX}tenants/")
+    assert len(keys) == 4 and all(k.startswith(f"{PREFIX}tenants/") for k in keys[2:])
     assert keys[2].endswith(f"/{up.created_at:012d}.{up.id}.batch")
+    assert keys[3].endswith(f"/size.{up.id}.{len(data)}")
     assert client.files.content(up.id).content == data
     batch = client.batches.create(
         input_file_id=up.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -79,7 +81,7 @@ def test_a_batch_through_s3_storage(s3_server: tuple[Server, str], tmp_path: Pat
     assert {f.id for f in client.files.list()} == {up.id, done.output_file_id}
     # delete removes both objects; the listing entry stays a day as a tombstone
     assert client.files.delete(up.id).deleted is True
-    left = [k for k in object_keys(endpoint, prefix=PREFIX) if up.id in k]
+    left = [k for k in object_keys(endpoint, prefix=PREFIX) if up.id in k]  # no size entry
     assert len(left) == 1 and left[0].startswith(f"{PREFIX}tenants/") and ".gone" in left[0]
     assert {f.id for f in client.files.list()} == {done.output_file_id}
 

@@ -1,4 +1,5 @@
-"""Shared unit-test fixtures: the real Qwen3 tokenizer and a tiny random-weight Qwen3."""
+"""Shared unit-test fixtures: the real Qwen3 tokenizer and a tiny random-weight Qwen3, and
+`qbatch serve`'s storage backends (`backend`: each test on the local directory and S3)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.storage_fixtures import backend, s3_endpoint  # noqa: F401  (fixtures)
 
 FIXTURE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "qwen3-14b"
 HAS_TORCH = importlib.util.find_spec("torch") is not None

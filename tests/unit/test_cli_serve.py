@@ -36,6 +36,8 @@ def test_proxy_and_sync_flags_reach_uvicorn_and_the_app(
             "--max-sync-inflight-per-tenant",
             "3",
             "--reindex",
+            "--max-storage-bytes",
+            "5000",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -44,6 +46,7 @@ def test_proxy_and_sync_flags_reach_uvicorn_and_the_app(
     assert seen["app"].state.serve.config.max_sync_inflight == 7
     assert seen["app"].state.serve.config.max_sync_inflight_per_tenant == 3
     assert seen["app"].state.serve.config.reindex is True
+    assert seen["app"].state.serve.config.max_storage_bytes == 5000
 
 
 def test_the_default_trusts_only_a_local_proxy(

@@ -1,0 +1,169 @@
+"""A tenant's storage quota in `qbatch serve` (`--max-storage-bytes`, or a tenant's
+`max_storage_bytes` in the keys file): the size entries beside the listing index
+(`file_index.tally`, pure), the storage's count of them on both backends
+(`FileStore.usage`, which mends what an older release or a crash left), and the
+upload refusals through the real `openai` SDK against the app in process.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from producer.serve.app import ServeConfig
+from producer.serve.auth import TenantLimits
+from producer.serve.file_index import IndexEntry, SizeEntry, tally
+from producer.serve.storage import FileStore
+from tests.serve_fixtures import KEY_B, offline_app
+from tests.storage_fixtures import Backend, upload_bytes
+from tests.unit.test_serve_expiry import sdk_run
+
+LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+
+
+def fid(n: int) -> str:
+    return f"file-{n:032x}"
+
+
+# ---------------------------------------------------------------- the tally, pure
+
+
+def test_sizes_count_only_beside_a_live_listing_entry() -> None:
+    names = [
+        IndexEntry(1, fid(1), "batch").name,
+        SizeEntry(fid(1), 10).name,  # counted
+        IndexEntry(2, fid(2), "batch").name,  # no size entry: unsure
+        IndexEntry(3, fid(3), "batch_output").name,
+        SizeEntry(fid(3), 5).name,
+        SizeEntry(fid(3), 7).name,  # two sizes: unsure
+        IndexEntry(4, fid(4), "batch").tombstone(100).name,
+        SizeEntry(fid(4), 99).name,  # its file removed: stale
+        SizeEntry(fid(5), 3).name,  # no listing entry at all: stale
+        ".indexed-v3",
+        "size.not-a-file.1",
+    ]
+    found = tally(names)
+    assert found.bytes == 10
+    assert sorted(found.stale) == [SizeEntry(fid(4), 99), SizeEntry(fid(5), 3)]
+    assert found.unsure == {fid(2): [], fid(3): [SizeEntry(fid(3), 5), SizeEntry(fid(3), 7)]}
+
+
+def test_a_size_entry_is_no_listing_entry() -> None:
+    """A release from before sizes lists a tenant's folder with `IndexEntry.parse`: it
+    must skip the size entries, not list or drop them."""
+    entry = SizeEntry(fid(1), 123_456)
+    assert entry.name == f"size.{fid(1)}.123456"
+    assert SizeEntry.parse(entry.name) == entry
+    assert IndexEntry.parse(entry.name) is None
+    for bad in (f"size.{fid(1)}.-1", f"size.{fid(1)}.1e3", f"size.{fid(1)}." + "9" * 16, "size."):
+        assert SizeEntry.parse(bad) is None
+
+
+# ---------------------------------------------------------------- the storage's count
+
+
+def put_output(storage: FileStore, file_id: str, data: bytes, tenant: str = "a") -> None:
+    src = storage.tmp / f"put-{uuid.uuid4().hex}.jsonl"
+    src.write_bytes(data)
+    storage.put(src, tenant=tenant, filename="o.jsonl", purpose="batch_output", file_id=file_id)
+
+
+def test_usage_counts_a_tenants_uploads_and_outputs(backend: Backend) -> None:
+    storage = backend.storage
+    first = upload_bytes(storage, b"{}\n" * 10)  # 30 bytes
+    upload_bytes(storage, b"{}\n" * 2)  # 6
+    upload_bytes(storage, b"{}\n" * 100, tenant="b")  # another tenant's
+    put_output(storage, fid(7), b"{}\n" * 4)  # 12
+    assert storage.usage("a") == 48 and storage.usage("b") == 300
+    assert storage.usage("nobody") == 0
+    assert storage.delete(first, "a")
+    assert storage.usage("a") == 18
+    put_output(storage, fid(7), b"{}\n" * 9)  # rewritten under its id: 27
+    assert storage.usage("a") == 33
+    assert backend.size_names("a") == sorted(
+        SizeEntry(f.id, f.bytes).name for f in storage.list("a")[0]
+    )
+
+
+def test_usage_mends_what_an_older_release_or_a_crash_left(backend: Backend) -> None:
+    storage = backend.storage
+    old = upload_bytes(storage, b"{}\n" * 5)  # 15
+    doubled = upload_bytes(storage, b"{}\n" * 3)  # 9
+    removed = upload_bytes(storage, b"{}\n")  # 3
+    # a release before sizes stored `old` (no size entry); a server killed mid-rewrite
+    # left `doubled` two; one killed mid-delete left `removed`'s size and nothing else
+    backend.set_entry("a", SizeEntry(old, 15).name, present=False)
+    backend.set_entry("a", SizeEntry(doubled, 4).name, present=True)
+    stored = storage.get(removed, "a")
+    assert stored is not None
+    backend.set_entry("a", stored.listing_entry.name, present=False)
+    assert storage.usage("a") == 24
+    assert backend.size_names("a") == sorted([SizeEntry(old, 15).name, SizeEntry(doubled, 9).name])
+    assert storage.usage("a") == 24  # now from the names alone
+
+
+def test_reindex_writes_the_size_entries(backend: Backend) -> None:
+    storage = backend.storage
+    ids = [upload_bytes(storage, b"{}\n" * n) for n in (1, 2)]
+    backend.drop_index()
+    assert backend.size_names("a") == []
+    assert backend.reopen().reindex() == 2
+    assert backend.size_names("a") == sorted(
+        SizeEntry(i, 3 * n).name for i, n in zip(ids, (1, 2), strict=True)
+    )
+
+
+# ---------------------------------------------------------------- through the SDK
+
+
+def upload(client: openai.AsyncOpenAI, data: bytes) -> Any:
+    return client.files.create(file=("in.jsonl", data), purpose="batch")
+
+
+def test_an_upload_past_the_quota_is_refused_and_nothing_kept(tmp_path: Path) -> None:
+    quota = 3 * len(LINE)
+    app = offline_app(tmp_path / "files", ServeConfig(max_storage_bytes=quota))
+
+    async def scenario(client: openai.AsyncOpenAI) -> Any:
+        one = await upload(client, LINE)
+        await upload(client, LINE)
+        with pytest.raises(openai.APIStatusError) as late:  # room for one line, not two
+            await upload(client, LINE * 2)
+        three = await upload(client, LINE)  # exactly full
+        with pytest.raises(openai.APIStatusError) as early:  # refused before its body
+            await upload(client, LINE)
+        listed = [f.id async for f in client.files.list()]
+        await client.files.delete(one.id)
+        again = await upload(client, LINE)  # deleting made room
+        return late.value, early.value, listed, three, again
+
+    late, early, listed, three, again = sdk_run(app, scenario)
+    for refused in (late, early):
+        assert refused.status_code == 413
+        assert refused.body["code"] == "storage_limit_reached"
+        assert f"of its {quota} bytes" in refused.body["message"]
+    assert f"needs {2 * len(LINE)} more" in late.body["message"]
+    assert len(listed) == 3 and three.id in listed and again.bytes == len(LINE)
+    storage = app.state.serve.storage
+    assert storage.usage("team-a") == quota
+    assert list(storage.tmp.iterdir()) == []  # the refused uploads left nothing
+
+
+def test_a_tenants_own_quota_overrides_the_servers(tmp_path: Path) -> None:
+    limits = {"team-b": TenantLimits(max_storage_bytes=len(LINE))}
+    app = offline_app(tmp_path / "files", ServeConfig(max_storage_bytes=None), limits)
+
+    async def scenario(client: openai.AsyncOpenAI) -> Any:
+        for _ in range(3):  # team-a: no quota
+            await upload(client, LINE)
+        b = client.with_options(api_key=KEY_B)
+        await upload(b, LINE)
+        with pytest.raises(openai.APIStatusError) as refused:
+            await upload(b, LINE)
+        return refused.value
+
+    assert sdk_run(app, scenario).status_code == 413
