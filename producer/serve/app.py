@@ -47,9 +47,9 @@ from producer.serve.storage import (
     PURPOSE_BATCH,
     FileStore,
     UploadTooLarge,
-    reindex_in_background,
 )
 from producer.serve.sync import SyncSlots, request_timeout, run_sync
+from producer.serve.upkeep import Upkeep
 from producer.serve.upload import FormReceiver, check_jsonl
 from producer.usage import UsageStore
 from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
@@ -97,6 +97,7 @@ class ServeState:
     jobs: JobStore
     runner: BatchRunner
     usage: UsageRecorder
+    upkeep: Upkeep
 
 
 def build_state(
@@ -108,7 +109,8 @@ def build_state(
     runner = BatchRunner(client, batches, jobs, storage)
     usage = UsageRecorder(UsageStore(client.redis, client.keys))
     runner.on_result = usage
-    return ServeState(config, keyring, storage, client, batches, jobs, runner, usage)
+    upkeep = Upkeep(storage, reindex_force=config.reindex)
+    return ServeState(config, keyring, storage, client, batches, jobs, runner, usage, upkeep)
 
 
 def tenant_of(request: Request) -> str:
@@ -140,17 +142,18 @@ def _json_error(exc: ApiError) -> JSONResponse:
 
 def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     """The ASGI app. `run_batches`: start the batch runner with the app (and resume every
-    batch not in a final state) and index the stored files if they need it."""
+    batch not in a final state) and the storage's upkeep (`producer.serve.upkeep`)."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if run_batches:
-            reindex_in_background(state.storage, force=state.config.reindex)
+            state.upkeep.start()
             state.runner.start()
         try:
             yield
         finally:
             state.runner.stop()
+            state.upkeep.stop()
             state.client.close(timeout=5)
 
     app = FastAPI(title="qbatch serve", lifespan=lifespan, docs_url=None, redoc_url=None)

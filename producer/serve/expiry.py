@@ -4,7 +4,7 @@
 Both are `{"anchor": "created_at", "seconds": N}` with N from 3,600 (an hour) to
 2,592,000 (30 days), as OpenAI takes them. A file's `expires_at` is its `created_at`
 plus N; from then on the store treats it as gone (a 404, not listed) and removes it when
-the runner's periodic sweep comes to it (`FileStore.sweep_expired`).
+the upkeep's periodic sweep comes to it (`FileStore.sweep_expired`, `producer.serve.upkeep`).
 
 Without a policy a file is kept until deleted. OpenAI expires `batch` uploads after 30
 days by default; qbatch does not delete what its users did not ask it to.

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 INDEX_DIR = "tenants"
@@ -193,6 +193,20 @@ def listing_order(
     return [e for e in mine if e.gone_at is None]
 
 
+def orphan_ids(objects: Iterable[tuple[str, float]], before: float) -> Iterator[str]:
+    """The ids of data objects modified before `before` with no metadata beside them,
+    from `files/`'s (name, modified time) in ascending order: a file's `.data` sorts
+    just before its `.json`, so one pass holding one name finds them."""
+    pending: tuple[str, float] | None = None  # a data object whose metadata may follow
+    for name, modified in objects:
+        stem, _, kind = name.rpartition(".")
+        if pending is not None and (kind, stem) != ("json", pending[0]) and pending[1] < before:
+            yield pending[0]
+        pending = (stem, modified) if kind == "data" and FILE_ID.match(stem) else None
+    if pending is not None and pending[1] < before:
+        yield pending[0]
+
+
 __all__ = [
     "EXPIRY_DIR",
     "FILE_ID",
@@ -207,6 +221,7 @@ __all__ = [
     "Tally",
     "expiry_key",
     "listing_order",
+    "orphan_ids",
     "tally",
     "tenant_dir",
     "tenant_folder",

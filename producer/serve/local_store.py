@@ -55,6 +55,14 @@ class LocalStorage(FileStore):
             with contextlib.suppress(FileNotFoundError):
                 yield meta.stem, meta.read_bytes()
 
+    def _file_objects(self) -> Iterator[tuple[str, float]]:
+        for name in sorted(os.listdir(self.files)):
+            if not name.endswith(".data"):
+                yield name, 0.0
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                yield name, (self.files / name).stat().st_mtime
+
     def path(self, stored: StoredFile) -> Path:
         return self._data(stored.id)
 

@@ -102,7 +102,6 @@ class BatchRunner:
         chunk: int = DEFAULT_CHUNK,
         submit_slice_s: float = 2.0,
         expiry_grace_s: float = 300.0,
-        sweep_interval_s: float = 300.0,
     ) -> None:
         self.client = client
         self.batches = batches
@@ -117,9 +116,6 @@ class BatchRunner:
         self.expiry_grace_s = expiry_grace_s
         """How long after an expired batch's window the workers have to answer its queued
         lines before the runner answers the rest itself (`_answer_unanswered`)."""
-        self.sweep_interval_s = sweep_interval_s
-        """How often expired files (`expires_after`) nobody asked for are removed."""
-        self._next_sweep = 0.0
         self._scans: dict[str, tuple[LineSource, str]] = {}
         self._planners: dict[str, PrefixPlanner] = {}
         """Each submitting batch's placement planner, kept across its slices."""
@@ -155,7 +151,6 @@ class BatchRunner:
 
     def tick(self) -> None:
         """One pass over the active batches; a failing batch is logged, others go on."""
-        self._sweep_if_due()
         try:
             ids = self.batches.active_ids()
         except Exception:
@@ -168,19 +163,6 @@ class BatchRunner:
                 self.advance(batch_id)
             except Exception:
                 log.exception("serve runner: batch %s: step failed; retrying next tick", batch_id)
-
-    def _sweep_if_due(self) -> None:
-        now = time.monotonic()
-        if now < self._next_sweep:
-            return
-        self._next_sweep = now + self.sweep_interval_s
-        try:
-            gone = self.storage.sweep_expired()
-        except Exception:
-            log.exception("serve runner: sweeping expired files failed; retrying later")
-            return
-        if gone:
-            log.info("serve: %d expired files removed", gone)
 
     # ------------------------------------------------------------ steps
 

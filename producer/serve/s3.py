@@ -19,7 +19,8 @@ The cost is local disk up to the upload limit per concurrent upload.
 
 The data object is written first and the metadata last; S3 writes are atomic per object
 and read-after-write consistent, so a file is listed exactly when it is complete and a
-crash leaves at worst an orphan `.data`. Downloads stream (`get_object`'s body in
+crash leaves at worst an orphan `.data` (the upkeep's leftover sweep removes it a day
+later). Downloads stream (`get_object`'s body in
 blocks); the runner reads an input file through a temp copy (`local_copy`). Endpoint and
 credentials: boto3's own chain (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 `AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL_S3`, profiles, IAM roles) and `endpoint_url`.
@@ -130,6 +131,16 @@ class S3Storage(FileStore):
             raw = self._read(key) if key.endswith(".json") else None
             if raw is not None:
                 yield key.removeprefix(files).removesuffix(".json"), raw
+
+    def _file_objects(self) -> Iterator[tuple[str, float]]:
+        """One LIST per 1,000 objects; no GETs."""
+        files = f"{self.prefix}files/"
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=files
+        )
+        for page in pages:
+            for obj in page.get("Contents", []):
+                yield obj["Key"].removeprefix(files), obj["LastModified"].timestamp()
 
     def _keys(self, prefix: str) -> Iterator[str]:
         """Every key under `prefix`, in ascending order (S3 lists them so)."""

@@ -15,18 +15,19 @@ Why this shape: an upload streams into `tmp/` and is counted as it comes, so an
 oversize upload stops at the limit without ever being held in memory or landing in
 `files/`; the data file is renamed into place first and the metadata last (each
 atomically), so a file is visible exactly when it is complete, and a server killed at
-any point leaves at worst an orphan `.data` or temp file, never a listed file without
-bytes. Output files get ids derived from their batch, so finalising a batch again after
-a restart rewrites the same files instead of leaving orphans.
+any point leaves at worst an orphan `.data` or temp file (removed a day later by
+`sweep_leftovers`, `producer.serve.upkeep`), never a listed file without bytes.
+Output files get ids derived from their batch, so finalising a batch again after a
+restart rewrites the same files instead of leaving orphans.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -46,6 +47,7 @@ from producer.serve.file_index import (
     SizeEntry,
     expiry_key,
     listing_order,
+    orphan_ids,
     tally,
     tenant_folder,
     tenant_key,
@@ -57,6 +59,9 @@ log = logging.getLogger("qbatch.serve")
 PURPOSE_BATCH = "batch"
 PURPOSE_OUTPUT = "batch_output"
 MAX_FILENAME_CHARS = 255
+LEFTOVER_AGE_S = 86_400
+"""How old a data object without metadata, or a temp file, must be to be a crash's
+leftover (`FileStore.sweep_leftovers`)."""
 MAX_TIME = 10**12
 """Times past this (the year 33658) are not a stored file's: index names hold 12 digits."""
 
@@ -306,6 +311,24 @@ class FileStore:
                 log.warning("serve storage: cannot remove expired %s", entry.file_id, exc_info=True)
         return gone
 
+    def sweep_leftovers(self, now: float | None = None, min_age_s: float = LEFTOVER_AGE_S) -> int:
+        """Remove what crashes leave once it is `min_age_s` old (a day: nothing being
+        written is that old): data objects without metadata (a server killed between a
+        file's two objects, or in a delete) and temp files (uploads and output files
+        being collected when their server died). Returns how many went."""
+        before = (time.time() if now is None else now) - min_age_s
+        gone = 0
+        for file_id in orphan_ids(self._file_objects(), before):
+            if self._read_meta(file_id) is None:  # not placed meanwhile
+                self._unlink(file_id, "data")
+                gone += 1
+        for path in self.tmp.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                if path.is_file() and path.stat().st_mtime < before:
+                    path.unlink()
+                    gone += 1
+        return gone
+
     # ------------------------------------------------------------ listing
 
     def list(
@@ -396,6 +419,11 @@ class FileStore:
         """(file id from the document's name, the document) for every one stored."""
         raise NotImplementedError
 
+    def _file_objects(self) -> Iterator[tuple[str, float]]:
+        """(name, modified time) of each object in `files/`, in ascending name order (a
+        backend may give 0.0 for the times of metadata objects: only data's are read)."""
+        raise NotImplementedError
+
     def local_copy(self, stored: StoredFile) -> AbstractContextManager[Path]:
         raise NotImplementedError
 
@@ -416,22 +444,6 @@ class FileStore:
         raise NotImplementedError
 
 
-def reindex_in_background(storage: FileStore, *, force: bool = False) -> None:
-    """`storage.reindex` on a thread of its own (on S3 a GET and a PUT per file, once):
-    the server answers meanwhile, listing what is indexed so far."""
-
-    def run() -> None:
-        try:
-            count = storage.reindex(force=force)
-        except Exception:
-            log.exception("serve storage: indexing the stored files failed; restart to retry")
-            return
-        if count:
-            log.info("serve storage: %d stored files indexed", count)
-
-    threading.Thread(target=run, name="qbatch-serve-reindex", daemon=True).start()
-
-
 __all__ = [
     "FILE_ID",
     "PURPOSE_BATCH",
@@ -444,6 +456,5 @@ __all__ = [
     "clean_filename",
     "new_file_id",
     "new_stored",
-    "reindex_in_background",
     "stored_any",
 ]
