@@ -68,7 +68,7 @@ def serve(
         typer.Option(
             envvar=_env("MAX_STORAGE_BYTES"),
             help="Bytes one tenant's stored files (uploads and batch outputs) may hold; an "
-            "upload past it: 413 (0: no limit).",
+            "upload past it: 413, a batch of a tenant at it: 403 (0: no limit).",
             min=0,
         ),
     ] = 0,

@@ -204,7 +204,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     async def create_file(request: Request, tenant: Tenant) -> dict[str, Any]:
         limits = state.keyring.limits_for(tenant)
         limit = limits.max_upload_bytes or cfg.max_upload_bytes
-        quota = limits.max_storage_bytes or cfg.max_storage_bytes
+        quota = state.keyring.storage_quota(tenant, cfg.max_storage_bytes)
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit + MULTIPART_SLACK:
             raise _too_large(limit)
@@ -301,6 +301,9 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         body = await json_body(request, BATCH_BODY_BYTES)
         # off the event loop: reads the input file's metadata from storage
         record = await run_in_threadpool(new_batch_record, state.storage, tenant, body)
+        quota = state.keyring.storage_quota(tenant, cfg.max_storage_bytes)
+        if quota is not None:
+            await _check_room(state, tenant, quota, None)
         max_active = (
             state.keyring.limits_for(tenant).max_concurrent_batches or cfg.max_concurrent_batches
         )
@@ -408,20 +411,28 @@ def _too_large(limit: int) -> ApiError:
     )
 
 
-async def _check_room(state: ServeState, tenant: str, quota: int, size: int) -> None:
-    """413 unless `size` more bytes fit in the tenant's `quota` (a soft limit: uploads
-    racing each other on several connections may each pass)."""
+async def _check_room(state: ServeState, tenant: str, quota: int, size: int | None) -> None:
+    """Refuse unless `size` more bytes (an upload's) fit in the tenant's `quota`, or, for
+    a batch (`size` None), unless the tenant is under it: a batch's outputs are always
+    stored, so a full tenant starts none (at most one batch's outputs past the quota).
+    A soft limit: requests racing each other on several connections may each pass."""
     used = await run_in_threadpool(state.storage.usage, tenant)
-    if used + size > quota:
-        log.info("serve: %s's upload of %d bytes refused: %d of %d used", tenant, size, used, quota)
+    if used + (size or 1) <= quota:
+        return
+    what = "a batch" if size is None else f"an upload of {size} bytes"
+    log.info("serve: %s's %s refused: %d of %d bytes used", tenant, what, used, quota)
+    held = f"Storage limit reached: this key's tenant's files hold {used} of its {quota} bytes"
+    clean = "delete files (DELETE /v1/files/{file_id}) to make room"
+    if size is None:
         raise ApiError(
-            413,
-            f"Storage limit reached: this key's tenant's files hold {used} of its {quota} "
-            f"bytes and this upload needs {size} more; delete files (DELETE "
-            "/v1/files/{file_id}) to make room",
-            code="storage_limit_reached",
-            param="file",
+            403, f"{held}, so a batch's output has no room; {clean}", code="storage_limit_reached"
         )
+    raise ApiError(
+        413,
+        f"{held} and this upload needs {size} more; {clean}",
+        code="storage_limit_reached",
+        param="file",
+    )
 
 
 def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

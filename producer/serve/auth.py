@@ -55,6 +55,7 @@ class TenantLimits:
     max_upload_bytes: int | None = None
     max_concurrent_batches: int | None = None
     max_storage_bytes: int | None = None
+    """0: no quota for this tenant, whatever `--max-storage-bytes` says."""
 
 
 LIMIT_FIELDS = frozenset(f.name for f in fields(TenantLimits))
@@ -86,6 +87,12 @@ class KeyRing:
     def limits_for(self, tenant: str) -> TenantLimits:
         return self.limits.get(tenant, TenantLimits())
 
+    def storage_quota(self, tenant: str, default: int | None) -> int | None:
+        """The bytes `tenant`'s files may hold (None: no limit): its own
+        `max_storage_bytes` (0: none), else the server's `default`."""
+        own = self.limits_for(tenant).max_storage_bytes
+        return default if own is None else own or None
+
 
 def _tenant(name: object, where: str) -> str:
     if not isinstance(name, str) or not TENANT_PATTERN.match(name):
@@ -108,11 +115,18 @@ def parse_env_keys(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def _positive(value: object, where: str) -> int | None:
+UNLIMITED_WITH_ZERO = frozenset({"max_storage_bytes"})
+"""Limits a tenant may set to 0: none for this tenant, whatever the server's default."""
+
+
+def _limit(value: object, where: str, *, zero_ok: bool) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise KeysError(f"{where}: must be a positive integer")
+    least = 0 if zero_ok else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise KeysError(
+            f"{where}: must be {'an integer >= 0' if zero_ok else 'a positive integer'}"
+        )
     return value
 
 
@@ -142,7 +156,10 @@ def parse_keys_document(doc: Any, source: str) -> KeyRing:
         if not isinstance(spec, dict) or set(spec) - LIMIT_FIELDS:
             raise KeysError(f"{where}: expected a mapping of {', '.join(sorted(LIMIT_FIELDS))}")
         limits[name] = TenantLimits(
-            **{k: _positive(spec.get(k), f"{where}.{k}") for k in sorted(LIMIT_FIELDS)}
+            **{
+                k: _limit(spec.get(k), f"{where}.{k}", zero_ok=k in UNLIMITED_WITH_ZERO)
+                for k in sorted(LIMIT_FIELDS)
+            }
         )
     return KeyRing(tuple(digests), limits)
 

@@ -149,8 +149,10 @@ class Tally:
 
 def tally(names: Iterable[str]) -> Tally:
     """What a tenant's folder says its files hold. A size entry counts only beside a
-    live listing entry of its file: the listing entry is written before it and removed
-    before it, so one without the other is a file half stored or half removed."""
+    live listing entry of its file: it is written after that entry and removed before
+    it, so a size entry alone is left from a file removed (by a crash or a race), and a
+    live listing entry alone is a file half stored or half removed, or stored by an
+    older release (`unsure`: its metadata, present or gone, says)."""
     live: set[str] = set()
     sizes: dict[str, list[SizeEntry]] = {}
     for name in names:

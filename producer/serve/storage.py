@@ -269,14 +269,16 @@ class FileStore:
         return True
 
     def _remove(self, stored: StoredFile) -> None:
-        """Metadata first (the file vanishes), its listing entry (a tombstone for a day:
+        """The size entry first (a server killed later leaves a listed file without one,
+        which `usage` reads: counted while its metadata stays, not once it is gone), then
+        the metadata (the file vanishes), its listing entry (a tombstone for a day:
         `IndexEntry`), then the bytes, unless the id was written again meanwhile (an
         output file of a batch finalized again: its new bytes stay)."""
+        self._unmark(tenant_key(stored.tenant, stored.size_entry))
         self._unlink(stored.id, "json")
         entry = stored.listing_entry
         self._mark(tenant_key(stored.tenant, entry.tombstone(time.time())))
         self._unmark(tenant_key(stored.tenant, entry))
-        self._unmark(tenant_key(stored.tenant, stored.size_entry))
         again = self._load(stored.id)
         if again is None:
             self._unlink(stored.id, "data")
@@ -398,8 +400,14 @@ class FileStore:
                 continue
             if stored.expiry_entry is not None:
                 self._mark(expiry_key(stored.expiry_entry))
-            self._mark(tenant_key(stored.tenant, stored.listing_entry))
-            self._mark(tenant_key(stored.tenant, stored.size_entry))
+            entries = [
+                tenant_key(stored.tenant, e) for e in (stored.listing_entry, stored.size_entry)
+            ]
+            for key in entries:
+                self._mark(key)
+            if self._load(file_id) is None:  # deleted since its document was read
+                for key in entries:
+                    self._unmark(key)
             count += 1
         self._mark(MARKER_KEY)
         return count

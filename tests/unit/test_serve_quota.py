@@ -8,6 +8,7 @@ upload refusals through the real `openai` SDK against the app in process.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import openai
 import pytest
 
 from producer.serve.app import ServeConfig
-from producer.serve.auth import TenantLimits
+from producer.serve.auth import KeysError, TenantLimits, parse_keys_document
 from producer.serve.file_index import IndexEntry, SizeEntry, tally
 from producer.serve.storage import FileStore
 from tests.serve_fixtures import KEY_B, offline_app
@@ -106,6 +107,53 @@ def test_usage_mends_what_an_older_release_or_a_crash_left(backend: Backend) -> 
     assert storage.usage("a") == 24  # now from the names alone
 
 
+class Killed(Exception):
+    """The server dies here."""
+
+
+def test_a_server_killed_mid_delete_leaves_nothing_counted(backend: Backend) -> None:
+    """Killed after the metadata went, before the listing entry did: the file is gone
+    (a retried DELETE is a 404) and its bytes no longer count (helper review, session 18:
+    the size entry outlived the metadata and counted until a listing walked past)."""
+    storage = backend.storage
+    gone = upload_bytes(storage, b"{}\n" * 10)  # 30 bytes
+    upload_bytes(storage, b"{}\n" * 2)  # 6
+    real_mark = storage._mark
+
+    def mark(key: str) -> None:
+        if ".gone" in key:  # the tombstone: the first write after the metadata went
+            raise Killed
+        real_mark(key)
+
+    storage._mark = mark  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        storage.delete(gone, "a")
+    del storage._mark  # a restarted server
+    assert storage.get(gone, "a") is None and storage.delete(gone, "a") is False
+    assert storage.usage("a") == 6
+
+
+def test_a_reindex_racing_a_delete_does_not_count_the_deleted_file(backend: Backend) -> None:
+    """The index reads a document, the tenant deletes that file, then the index writes
+    its entries: they are taken back (helper review, session 18)."""
+    storage = backend.storage
+    victim = upload_bytes(storage, b"{}\n" * 10)  # 30
+    upload_bytes(storage, b"{}\n" * 2)  # 6
+    real_docs = storage._metadata_docs
+
+    def docs() -> Iterator[tuple[str, str | bytes]]:
+        for file_id, raw in real_docs():
+            if file_id == victim:
+                assert storage.delete(victim, "a")
+            yield file_id, raw
+
+    storage._metadata_docs = docs  # type: ignore[method-assign]
+    assert storage.reindex(force=True) == 2
+    assert storage.get(victim, "a") is None
+    assert storage.usage("a") == 6
+    assert not any(victim in name for name in backend.size_names("a"))
+
+
 def test_reindex_writes_the_size_entries(backend: Backend) -> None:
     storage = backend.storage
     ids = [upload_bytes(storage, b"{}\n" * n) for n in (1, 2)]
@@ -154,11 +202,14 @@ def test_an_upload_past_the_quota_is_refused_and_nothing_kept(tmp_path: Path) ->
 
 
 def test_a_tenants_own_quota_overrides_the_servers(tmp_path: Path) -> None:
-    limits = {"team-b": TenantLimits(max_storage_bytes=len(LINE))}
-    app = offline_app(tmp_path / "files", ServeConfig(max_storage_bytes=None), limits)
+    limits = {
+        "team-a": TenantLimits(max_storage_bytes=0),  # exempt
+        "team-b": TenantLimits(max_storage_bytes=len(LINE)),
+    }
+    app = offline_app(tmp_path / "files", ServeConfig(max_storage_bytes=2 * len(LINE)), limits)
 
     async def scenario(client: openai.AsyncOpenAI) -> Any:
-        for _ in range(3):  # team-a: no quota
+        for _ in range(3):  # team-a: past the server's quota, its own is none
             await upload(client, LINE)
         b = client.with_options(api_key=KEY_B)
         await upload(b, LINE)
@@ -167,3 +218,49 @@ def test_a_tenants_own_quota_overrides_the_servers(tmp_path: Path) -> None:
         return refused.value
 
     assert sdk_run(app, scenario).status_code == 413
+
+
+def test_a_full_tenant_starts_no_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's outputs are always stored, so a tenant at its quota may not start one:
+    at most one batch's outputs can take a tenant past it (helper review, session 18:
+    batches were taken at 13x the quota). 403, before the batch is recorded."""
+    app = offline_app(tmp_path / "files", ServeConfig(max_storage_bytes=3 * len(LINE)))
+    state = app.state.serve
+    created: list[str] = []
+    # no Redis here: the batch store's create is the one part replaced
+    monkeypatch.setattr(state.batches, "create", lambda record, _max: not created.append(record.id))
+
+    async def scenario(client: openai.AsyncOpenAI) -> Any:
+        f = await upload(client, LINE)
+        await client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        put_output(state.storage, fid(9), LINE * 4, tenant="team-a")  # its output: 5x
+        with pytest.raises(openai.PermissionDeniedError) as refused:
+            await client.batches.create(
+                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        return refused.value
+
+    refused = sdk_run(app, scenario)
+    assert refused.body["code"] == "storage_limit_reached"
+    assert "a batch's output has no room" in refused.body["message"]
+    assert len(created) == 1
+
+
+def test_a_keys_file_may_exempt_a_tenant_from_the_storage_quota() -> None:
+    doc = {
+        "keys": [{"sha256": "a" * 64, "tenant": "t"}],
+        "tenants": {"t": {"max_storage_bytes": 0}, "u": {"max_storage_bytes": 10}},
+    }
+    ring = parse_keys_document(doc, "keys.yaml")
+    assert ring.storage_quota("t", 100) is None
+    assert ring.storage_quota("u", 100) == 10
+    assert ring.storage_quota("v", 100) == 100 and ring.storage_quota("v", None) is None
+    for bad in (-1, 1.5, True, "10"):
+        doc["tenants"] = {"t": {"max_storage_bytes": bad}}
+        with pytest.raises(KeysError, match="max_storage_bytes"):
+            parse_keys_document(doc, "keys.yaml")
+    doc["tenants"] = {"t": {"max_upload_bytes": 0}}  # only the quota takes 0
+    with pytest.raises(KeysError, match="positive"):
+        parse_keys_document(doc, "keys.yaml")
