@@ -19,6 +19,7 @@ import openai
 import pytest
 
 import producer.serve.storage
+import producer.serve.stored_file
 from producer.serve.errors import ApiError
 from producer.serve.expiry import MAX_SECONDS, MIN_SECONDS, form_policy, policy_seconds
 from producer.serve.local_store import LocalStorage
@@ -96,11 +97,11 @@ def sdk_run(app: Any, scenario: Callable[[openai.AsyncOpenAI], Coroutine[Any, An
 
 
 def later(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """The storage's clock moved on by `seconds` (only its own `time` module)."""
+    """The storage's clock moved on by `seconds` (only its own modules' `time`)."""
     real = time.time
-    monkeypatch.setattr(
-        producer.serve.storage, "time", SimpleNamespace(time=lambda: real() + seconds)
-    )
+    moved = SimpleNamespace(time=lambda: real() + seconds)
+    for module in (producer.serve.storage, producer.serve.stored_file):
+        monkeypatch.setattr(module, "time", moved)
 
 
 def test_an_upload_expires_after_its_policy(
