@@ -152,8 +152,8 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         try:
             yield
         finally:
+            state.upkeep.stop(timeout=5)  # first: no sweep starts while the runner stops
             state.runner.stop()
-            state.upkeep.stop()
             state.client.close(timeout=5)
 
     app = FastAPI(title="qbatch serve", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -195,18 +195,19 @@ def listing_order(
     return [e for e in mine if e.gone_at is None]
 
 
-def orphan_ids(objects: Iterable[tuple[str, float]], before: float) -> Iterator[str]:
-    """The ids of data objects modified before `before` with no metadata beside them,
-    from `files/`'s (name, modified time) in ascending order: a file's `.data` sorts
-    just before its `.json`, so one pass holding one name finds them."""
+def orphan_ids(objects: Iterable[tuple[str, float]], before: float) -> Iterator[tuple[str, float]]:
+    """(id, modified time) of the data objects modified before `before` with no
+    metadata beside them, from `files/`'s (name, modified time) in ascending order: a
+    file's `.data` sorts just before its `.json`, so one pass holding one name finds
+    them."""
     pending: tuple[str, float] | None = None  # a data object whose metadata may follow
     for name, modified in objects:
         stem, _, kind = name.rpartition(".")
         if pending is not None and (kind, stem) != ("json", pending[0]) and pending[1] < before:
-            yield pending[0]
+            yield pending
         pending = (stem, modified) if kind == "data" and FILE_ID.match(stem) else None
     if pending is not None and pending[1] < before:
-        yield pending[0]
+        yield pending
 
 
 __all__ = [

@@ -17,6 +17,7 @@ class LocalStorage(FileStore):
     """Files in a local directory (default `./qbatch-files`; a volume in production)."""
 
     def __init__(self, root: Path) -> None:
+        super().__init__()
         self.root = root
         self.files = root / "files"
         self.tmp = root / "tmp"

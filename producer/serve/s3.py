@@ -48,6 +48,7 @@ class S3Storage(FileStore):
     """Files as objects in an S3-compatible bucket (see the module docstring)."""
 
     def __init__(self, client: Any, where: S3Location, tmp: Path | None = None) -> None:
+        super().__init__()
         self.client = client
         self.bucket = where.bucket
         self.prefix = where.prefix

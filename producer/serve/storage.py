@@ -23,7 +23,6 @@ restart rewrites the same files instead of leaving orphans.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import time
@@ -45,6 +44,7 @@ from producer.serve.file_index import (
     tenant_folder,
     tenant_key,
 )
+from producer.serve.keyed_locks import KeyedLocks
 from producer.serve.spool import Upload, UploadTooLarge, begin_upload
 from producer.serve.stored_file import (
     PURPOSE_BATCH,
@@ -57,6 +57,7 @@ from producer.serve.stored_file import (
 )
 
 log = logging.getLogger("qbatch.serve")
+
 
 LEFTOVER_AGE_S = 86_400
 """How old a data object without metadata, or a temp file, must be to be a crash's
@@ -74,6 +75,15 @@ class FileStore:
 
     tmp: Path
     """A local directory for uploads being received and output files being collected."""
+
+    def __init__(self) -> None:
+        self._locks = KeyedLocks()
+        """Placing, removing and the sweeps' check-then-remove of one file id never
+        interleave on this store (the upkeep threads, the batch runner and requests reach
+        the same ids); across replicas each step re-checks the file instead."""
+        self._suspects: dict[str, float] = {}
+        """Data objects without metadata seen by the last leftover sweep (id -> modified
+        time): removed only if the next sweep finds them so, unchanged."""
 
     # ------------------------------------------------------------ writing
 
@@ -114,19 +124,20 @@ class FileStore:
         metadata (`_place`), then the listing entry, then the size entry (`tally` counts a
         size only beside its listing entry). A file it replaces (`may_exist`: the same id,
         an output file of a batch finalized again) loses its entries of other names."""
-        before = self._load(stored.id) if may_exist else None
-        if stored.expiry_entry is not None:
-            self._mark(expiry_key(stored.expiry_entry))
-        self._place(src, stored)
-        self._mark(tenant_key(stored.tenant, stored.listing_entry))
-        self._mark(tenant_key(stored.tenant, stored.size_entry))
-        if before is not None:
-            for old, new in (
-                (tenant_key(before.tenant, before.listing_entry), stored.listing_entry),
-                (tenant_key(before.tenant, before.size_entry), stored.size_entry),
-            ):
-                if old != tenant_key(stored.tenant, new):
-                    self._unmark(old)
+        with self._locks.hold(stored.id):
+            before = self._load(stored.id) if may_exist else None
+            if stored.expiry_entry is not None:
+                self._mark(expiry_key(stored.expiry_entry))
+            self._place(src, stored)
+            self._mark(tenant_key(stored.tenant, stored.listing_entry))
+            self._mark(tenant_key(stored.tenant, stored.size_entry))
+            if before is not None:
+                for old, new in (
+                    (tenant_key(before.tenant, before.listing_entry), stored.listing_entry),
+                    (tenant_key(before.tenant, before.size_entry), stored.size_entry),
+                ):
+                    if old != tenant_key(stored.tenant, new):
+                        self._unmark(old)
         return stored
 
     # ------------------------------------------------------------ reading, deleting
@@ -149,10 +160,13 @@ class FileStore:
         return stored
 
     def delete(self, file_id: str, tenant: str) -> bool:
-        stored = self.get(file_id, tenant)
-        if stored is None:
+        if not FILE_ID.match(file_id):
             return False
-        self._remove(stored)
+        with self._locks.hold(file_id):
+            stored = self.get(file_id, tenant)
+            if stored is None:
+                return False
+            self._remove(stored)
         return True
 
     def _remove(self, stored: StoredFile) -> None:
@@ -160,7 +174,8 @@ class FileStore:
         which `usage` reads: counted while its metadata stays, not once it is gone), then
         the metadata (the file vanishes), its listing entry (a tombstone for a day:
         `IndexEntry`), then the bytes, unless the id was written again meanwhile (an
-        output file of a batch finalized again: its new bytes stay)."""
+        output file of a batch finalized again: its new bytes stay; in this process the
+        caller holds the id's lock, so that is another replica's)."""
         self._unmark(tenant_key(stored.tenant, stored.size_entry))
         self._unlink(stored.id, "json")
         entry = stored.listing_entry
@@ -190,12 +205,13 @@ class FileStore:
             if entry.expires_at > now:
                 break
             try:
-                stored = self._load(entry.file_id)
-                if stored is not None and stored.expiry_entry == entry:
-                    self._remove(stored)
-                    gone += 1
-                else:  # deleted or rewritten since: only the entry is left
-                    self._unmark(expiry_key(entry))
+                with self._locks.hold(entry.file_id):
+                    stored = self._load(entry.file_id)
+                    if stored is not None and stored.expiry_entry == entry:
+                        self._remove(stored)
+                        gone += 1
+                    else:  # deleted or rewritten since: only the entry is left
+                        self._unmark(expiry_key(entry))
             except Exception:
                 log.warning("serve storage: cannot remove expired %s", entry.file_id, exc_info=True)
         return gone
@@ -203,19 +219,39 @@ class FileStore:
     def sweep_leftovers(self, now: float | None = None, min_age_s: float = LEFTOVER_AGE_S) -> int:
         """Remove what crashes leave once it is `min_age_s` old (a day: nothing being
         written is that old): data objects without metadata (a server killed between a
-        file's two objects, or in a delete) and temp files (uploads and output files
-        being collected when their server died). Returns how many went."""
+        file's two objects, or in a delete), found so by two sweeps in a row with the
+        same modified time (a restore copying `.data` before `.json` with old times is
+        not one), and temp files in `tmp` (uploads and output files being collected
+        when this process, or one before it on the same directory, died). One item
+        that cannot be checked or removed is logged and the rest go on. Returns how
+        many went."""
         before = (time.time() if now is None else now) - min_age_s
-        gone = 0
-        for file_id in orphan_ids(self._file_objects(), before):
-            if self._read_meta(file_id) is None:  # not placed meanwhile
-                self._unlink(file_id, "data")
-                gone += 1
+        gone, suspects = 0, {}
+        try:
+            for file_id, modified in orphan_ids(self._file_objects(), before):
+                if self._suspects.get(file_id) != modified:
+                    suspects[file_id] = modified  # removed if the next sweep sees it so
+                    continue
+                try:
+                    with self._locks.hold(file_id):
+                        if self._read_meta(file_id) is None:  # not placed meanwhile
+                            self._unlink(file_id, "data")
+                            gone += 1
+                except Exception:
+                    suspects[file_id] = modified
+                    log.warning("serve storage: cannot remove orphan %s", file_id, exc_info=True)
+        except Exception:
+            log.warning("serve storage: cannot list the stored files", exc_info=True)
+        self._suspects = suspects
         for path in self.tmp.iterdir():
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 if path.is_file() and path.stat().st_mtime < before:
                     path.unlink()
                     gone += 1
+            except FileNotFoundError:
+                pass
+            except OSError:
+                log.warning("serve storage: cannot remove temp file %s", path.name, exc_info=True)
         return gone
 
     # ------------------------------------------------------------ listing
@@ -290,11 +326,12 @@ class FileStore:
             entries = [
                 tenant_key(stored.tenant, e) for e in (stored.listing_entry, stored.size_entry)
             ]
-            for key in entries:
-                self._mark(key)
-            if self._load(file_id) is None:  # deleted since its document was read
+            with self._locks.hold(file_id):
                 for key in entries:
-                    self._unmark(key)
+                    self._mark(key)
+                if self._load(file_id) is None:  # deleted since its document was read
+                    for key in entries:
+                        self._unmark(key)
             count += 1
         self._mark(MARKER_KEY)
         return count

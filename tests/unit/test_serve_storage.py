@@ -297,9 +297,10 @@ def test_paging_goes_on_after_the_files_of_the_last_page_were_deleted(
 def test_a_delete_racing_a_rewrite_of_the_same_id_keeps_the_new_file(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The runner writes an output file again (same id) while it is being deleted: the
-    new metadata, entry and bytes all stay."""
-    storage = backend.storage
+    """Another replica's runner writes an output file again (same id) while this one
+    deletes it: the new metadata, entry and bytes all stay. (Within one process the
+    store's per-file lock keeps the two apart.)"""
+    storage, replica = backend.storage, backend.reopen()
     fid = "file-" + "ef" * 16
     put_file(storage, fid)
     real_unlink = cast(Any, storage)._unlink
@@ -308,7 +309,7 @@ def test_a_delete_racing_a_rewrite_of_the_same_id_keeps_the_new_file(
     def unlink(file_id: str, kind: str) -> None:
         real_unlink(file_id, kind)
         if kind == "json" and not rewritten:
-            rewritten.append(put_file(storage, fid))  # lands between metadata and bytes
+            rewritten.append(put_file(replica, fid))  # lands between metadata and bytes
 
     monkeypatch.setattr(storage, "_unlink", unlink)
     assert storage.delete(fid, "a")
