@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import pytest
 
-from producer.serve.file_index import EXPIRY_DIR, INDEX_DIR, tenant_dir
+from producer.serve.file_index import EXPIRY_DIR, INDEX_DIR, SIZES_DIR, tenant_dir
 from producer.serve.local_store import LocalStorage
 from producer.serve.storage import FileStore
 from producer.serve.storage_url import open_storage
@@ -41,9 +41,9 @@ class Backend:
     def temp_names(self) -> list[str]:
         return sorted(p.name for p in self.storage.tmp.iterdir())
 
-    def folder_names(self, tenant: str) -> list[str]:
-        """Every name in the tenant's folder."""
-        where = f"{INDEX_DIR}/{tenant_dir(tenant)}"
+    def folder_names(self, tenant: str, top: str = INDEX_DIR) -> list[str]:
+        """Every name in the tenant's folder under `top` (its listing index, or sizes)."""
+        where = f"{top}/{tenant_dir(tenant)}"
         if self.endpoint is None:
             assert isinstance(self.storage, LocalStorage)
             folder = self.storage.root / where
@@ -51,10 +51,10 @@ class Backend:
         keys = object_keys(self.endpoint, prefix=f"{self.prefix}{where}/")
         return [k.rsplit("/", 1)[1] for k in keys]
 
-    def set_entry(self, tenant: str, name: str, present: bool) -> None:
-        """Write or remove an entry of the tenant's folder behind the store's back (what
-        a release without it, or a server killed half-way, leaves)."""
-        where = f"{INDEX_DIR}/{tenant_dir(tenant)}/{name}"
+    def set_entry(self, tenant: str, name: str, present: bool, top: str = INDEX_DIR) -> None:
+        """Write or remove an entry of the tenant's folder under `top` behind the store's
+        back (what a release without it, or a server killed half-way, leaves)."""
+        where = f"{top}/{tenant_dir(tenant)}/{name}"
         if self.endpoint is None:
             assert isinstance(self.storage, LocalStorage)
             path = self.storage.root / where
@@ -68,21 +68,21 @@ class Backend:
 
     def index_names(self, tenant: str) -> list[str]:
         """The tenant's listing-index entries."""
-        return [n for n in self.folder_names(tenant) if not n.startswith("size.")]
+        return self.folder_names(tenant)
 
     def size_names(self, tenant: str) -> list[str]:
         """The tenant's size entries."""
-        return [n for n in self.folder_names(tenant) if n.startswith("size.")]
+        return self.folder_names(tenant, SIZES_DIR)
 
     def drop_index(self) -> None:
-        """Remove both indexes and the marker (a store written before they existed)."""
+        """Remove the indexes and the marker (a store written before they existed)."""
         if self.endpoint is None:
             assert isinstance(self.storage, LocalStorage)
-            for folder in (INDEX_DIR, EXPIRY_DIR):
+            for folder in (INDEX_DIR, EXPIRY_DIR, SIZES_DIR):
                 shutil.rmtree(self.storage.root / folder, ignore_errors=True)
             return
         s3 = cast(Any, self.storage).client
-        for folder in (INDEX_DIR, EXPIRY_DIR):
+        for folder in (INDEX_DIR, EXPIRY_DIR, SIZES_DIR):
             for key in object_keys(self.endpoint, prefix=f"{self.prefix}{folder}/"):
                 s3.delete_object(Bucket=BUCKET, Key=key)
 

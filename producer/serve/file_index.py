@@ -19,14 +19,14 @@ Stores written before the index existed are indexed once (`FileStore.reindex`, i
 background when the server starts; `MARKER_KEY` says it is done; `qbatch serve
 --reindex` does it again, after replicas of an older release wrote files).
 
-Beside its listing entry each file has a **size entry** in the same folder::
+Each file also has a **size entry** in its tenant's folder of sizes::
 
-    tenants/{tenant_dir}/size.{file_id}.{bytes}
+    sizes/{tenant_dir}/{file_id}.{bytes}
 
-so a tenant's storage use (its quota's measure, `tally`) is the same one walk of its
-folder, with no metadata read. A release from before sizes skips these names (they
-are no listing entry), and a file it stored has none: `FileStore.usage` reads that
-file's metadata once and writes the entry.
+so a tenant's storage use (its quota's measure, `tally`) is a walk of its two folders,
+with no metadata read, and a listing walks no more names than before. A release from
+before sizes never looks there, and a file it stored has no size entry:
+`FileStore.usage` reads that file's metadata and writes the entry.
 
 Files with an `expires_after` policy also have an entry in one store-wide folder::
 
@@ -45,6 +45,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 INDEX_DIR = "tenants"
+SIZES_DIR = "sizes"
 EXPIRY_DIR = "expiring"
 REINDEXED = ".indexed-v3"
 MARKER_KEY = f"{INDEX_DIR}/{REINDEXED}"
@@ -60,7 +61,7 @@ _ENTRY = re.compile(rf"^(\d{{12}})\.({_ID})\.({_PURPOSE})(?:\.gone(\d{{12}}))?$"
 TOMBSTONE_TTL_S = 86_400
 """How long a removed file's entry is kept as a tombstone (`IndexEntry.gone_at`)."""
 _EXPIRY = re.compile(rf"^(\d{{12}})\.({_ID})$")
-_SIZE = re.compile(rf"^size\.({_ID})\.(\d{{1,15}})$")
+_SIZE = re.compile(rf"^({_ID})\.(\d{{1,15}})$")
 
 
 def tenant_dir(tenant: str) -> str:
@@ -119,14 +120,14 @@ class ExpiryEntry:
 
 @dataclass(frozen=True, slots=True, order=True)
 class SizeEntry:
-    """A stored file's size, as its `size.` entry in its tenant's folder tells it."""
+    """A stored file's size, as its entry in its tenant's folder of sizes tells it."""
 
     file_id: str
     bytes: int
 
     @property
     def name(self) -> str:
-        return f"size.{self.file_id}.{self.bytes}"
+        return f"{self.file_id}.{self.bytes}"
 
     @classmethod
     def parse(cls, name: str) -> SizeEntry | None:
@@ -147,19 +148,20 @@ class Tally:
     now) or several (rewritten under the same id): their metadata says which."""
 
 
-def tally(names: Iterable[str]) -> Tally:
-    """What a tenant's folder says its files hold. A size entry counts only beside a
+def tally(listing: Iterable[str], sizes_found: Iterable[str]) -> Tally:
+    """What a tenant's folders (its `listing` entries, its size entries) say its files
+    hold. A size entry counts only beside a
     live listing entry of its file: it is written after that entry and removed before
     it, so a size entry alone is left from a file removed (by a crash or a race), and a
     live listing entry alone is a file half stored or half removed, or stored by an
     older release (`unsure`: its metadata, present or gone, says)."""
     live: set[str] = set()
     sizes: dict[str, list[SizeEntry]] = {}
-    for name in names:
-        if (entry := IndexEntry.parse(name)) is not None:
-            if entry.gone_at is None:
-                live.add(entry.file_id)
-        elif (size := SizeEntry.parse(name)) is not None:
+    for name in listing:
+        if (entry := IndexEntry.parse(name)) is not None and entry.gone_at is None:
+            live.add(entry.file_id)
+    for name in sizes_found:
+        if (size := SizeEntry.parse(name)) is not None:
             sizes.setdefault(size.file_id, []).append(size)
     stale = [s for fid, found in sizes.items() if fid not in live for s in found]
     counted = [found[0].bytes for fid, found in sizes.items() if fid in live and len(found) == 1]
@@ -171,8 +173,16 @@ def tenant_folder(tenant: str) -> str:
     return f"{INDEX_DIR}/{tenant_dir(tenant)}"
 
 
-def tenant_key(tenant: str, entry: IndexEntry | SizeEntry) -> str:
+def tenant_key(tenant: str, entry: IndexEntry) -> str:
     return f"{tenant_folder(tenant)}/{entry.name}"
+
+
+def size_folder(tenant: str) -> str:
+    return f"{SIZES_DIR}/{tenant_dir(tenant)}"
+
+
+def size_key(tenant: str, entry: SizeEntry) -> str:
+    return f"{size_folder(tenant)}/{entry.name}"
 
 
 def expiry_key(entry: ExpiryEntry) -> str:
@@ -217,6 +227,7 @@ __all__ = [
     "MARKER_KEY",
     "PURPOSE",
     "REINDEXED",
+    "SIZES_DIR",
     "TOMBSTONE_TTL_S",
     "ExpiryEntry",
     "IndexEntry",
@@ -225,6 +236,8 @@ __all__ = [
     "expiry_key",
     "listing_order",
     "orphan_ids",
+    "size_folder",
+    "size_key",
     "tally",
     "tenant_dir",
     "tenant_folder",

@@ -6,6 +6,7 @@ Objects under the prefix::
     files/{file_id}.data   the bytes
     files/{file_id}.json   the metadata (as LocalStorage's .json)
     tenants/{hash}/...     each tenant's listing index (empty objects; `file_index`)
+    sizes/{hash}/...       each tenant's file sizes (empty objects; the storage quota)
     expiring/...           files with an `expires_after` policy, by time
 
 Uploads are **spooled to a local temp file** (`tmp`, a private temp directory), counted

@@ -6,8 +6,8 @@ Layout under the storage root::
 
     files/{file_id}.data   the bytes
     files/{file_id}.json   the metadata (OpenAI's file object + the owning tenant)
-    tenants/{hash}/...     each tenant's listing index and file sizes (empty entries;
-                           `file_index`)
+    tenants/{hash}/...     each tenant's listing index (empty entries; `file_index`)
+    sizes/{hash}/...       each tenant's file sizes (empty entries; the storage quota)
     expiring/...           files with an `expires_after` policy, by time (`file_index`)
     tmp/                   uploads being received
 
@@ -40,6 +40,8 @@ from producer.serve.file_index import (
     expiry_key,
     listing_order,
     orphan_ids,
+    size_folder,
+    size_key,
     tally,
     tenant_folder,
     tenant_key,
@@ -59,6 +61,9 @@ from producer.serve.stored_file import (
 log = logging.getLogger("qbatch.serve")
 
 
+MEND_PER_COUNT = 32
+"""Files without a right size entry whose metadata one `usage` call reads (on S3 a GET
+and a PUT each, inside an upload request): the rest wait for later calls."""
 LEFTOVER_AGE_S = 86_400
 """How old a data object without metadata, or a temp file, must be to be a crash's
 leftover (`FileStore.sweep_leftovers`)."""
@@ -130,13 +135,19 @@ class FileStore:
                 self._mark(expiry_key(stored.expiry_entry))
             self._place(src, stored)
             self._mark(tenant_key(stored.tenant, stored.listing_entry))
-            self._mark(tenant_key(stored.tenant, stored.size_entry))
+            self._mark(size_key(stored.tenant, stored.size_entry))
             if before is not None:
                 for old, new in (
-                    (tenant_key(before.tenant, before.listing_entry), stored.listing_entry),
-                    (tenant_key(before.tenant, before.size_entry), stored.size_entry),
+                    (
+                        tenant_key(before.tenant, before.listing_entry),
+                        tenant_key(stored.tenant, stored.listing_entry),
+                    ),
+                    (
+                        size_key(before.tenant, before.size_entry),
+                        size_key(stored.tenant, stored.size_entry),
+                    ),
                 ):
-                    if old != tenant_key(stored.tenant, new):
+                    if old != new:
                         self._unmark(old)
         return stored
 
@@ -176,7 +187,7 @@ class FileStore:
         `IndexEntry`), then the bytes, unless the id was written again meanwhile (an
         output file of a batch finalized again: its new bytes stay; in this process the
         caller holds the id's lock, so that is another replica's)."""
-        self._unmark(tenant_key(stored.tenant, stored.size_entry))
+        self._unmark(size_key(stored.tenant, stored.size_entry))
         self._unlink(stored.id, "json")
         entry = stored.listing_entry
         self._mark(tenant_key(stored.tenant, entry.tombstone(time.time())))
@@ -186,7 +197,7 @@ class FileStore:
             self._unlink(stored.id, "data")
         else:  # its entries may share the names of those just dropped (the same second)
             self._mark(tenant_key(again.tenant, again.listing_entry))
-            self._mark(tenant_key(again.tenant, again.size_entry))
+            self._mark(size_key(again.tenant, again.size_entry))
         if stored.expiry_entry is not None:
             self._unmark(expiry_key(stored.expiry_entry))
 
@@ -289,24 +300,25 @@ class FileStore:
         return None if stored.expired() else stored
 
     def usage(self, tenant: str) -> int:
-        """The bytes a tenant's files hold (`--max-storage-bytes` measures this): one walk
-        of its folder (`tally`). Size entries of removed files are dropped; a listed file
-        with no size entry, or several, has its metadata read and its one right entry
-        written. Expired files count until the sweep removes them."""
-        folder = tenant_folder(tenant)
-        found = tally(self._marks(folder))
+        """The bytes a tenant's files hold (`--max-storage-bytes` measures this): a walk
+        of its listing and size folders (`tally`). Size entries of removed files are
+        dropped; a listed file with no size entry, or several, has its metadata read and
+        its one right entry written, at most `MEND_PER_COUNT` of them a call (after an
+        upgrade the background index writes the rest; till then they count 0). Expired
+        files count until the sweep removes them."""
+        found = tally(self._marks(tenant_folder(tenant)), self._marks(size_folder(tenant)))
         for size in found.stale:
-            self._unmark(tenant_key(tenant, size))
+            self._unmark(size_key(tenant, size))
         total = found.bytes
-        for file_id, sizes in found.unsure.items():
+        for file_id, sizes in itertools.islice(found.unsure.items(), MEND_PER_COUNT):
             stored = self._load(file_id)
             right = stored.size_entry if stored is not None and stored.tenant == tenant else None
             for size in sizes:
                 if size != right:
-                    self._unmark(tenant_key(tenant, size))
+                    self._unmark(size_key(tenant, size))
             if right is not None:
                 if right not in sizes:
-                    self._mark(tenant_key(tenant, right))
+                    self._mark(size_key(tenant, right))
                 total += right.bytes
         return total
 
@@ -324,7 +336,8 @@ class FileStore:
             if stored.expiry_entry is not None:
                 self._mark(expiry_key(stored.expiry_entry))
             entries = [
-                tenant_key(stored.tenant, e) for e in (stored.listing_entry, stored.size_entry)
+                tenant_key(stored.tenant, stored.listing_entry),
+                size_key(stored.tenant, stored.size_entry),
             ]
             with self._locks.hold(file_id):
                 for key in entries:

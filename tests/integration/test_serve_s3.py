@@ -60,14 +60,15 @@ def test_a_batch_through_s3_storage(s3_server: tuple[Server, str], tmp_path: Pat
     n = 50
     data = jsonl(batch_lines(n))
     up = client.files.create(file=("in.jsonl", data), purpose="batch")
-    # the bytes, the metadata and the tenant's index and size entries are objects in the
+    # the bytes, the metadata and the tenant's size and index entries are objects in the
     # bucket, nothing else is (besides the index's marker, written as the server starts)
     marker = f"{PREFIX}{MARKER_KEY}"
     keys = [k for k in object_keys(endpoint, prefix=PREFIX) if k != marker]
     assert keys[:2] == [f"{PREFIX}files/{up.id}.data", f"{PREFIX}files/{up.id}.json"]
-    assert len(keys) == 4 and all(k.startswith(f"{PREFIX}tenants/") for k in keys[2:])
-    assert keys[2].endswith(f"/{up.created_at:012d}.{up.id}.batch")
-    assert keys[3].endswith(f"/size.{up.id}.{len(data)}")
+    assert len(keys) == 4
+    assert keys[2].startswith(f"{PREFIX}sizes/") and keys[2].endswith(f"/{up.id}.{len(data)}")
+    assert keys[3].startswith(f"{PREFIX}tenants/")
+    assert keys[3].endswith(f"/{up.created_at:012d}.{up.id}.batch")
     assert client.files.content(up.id).content == data
     batch = client.batches.create(
         input_file_id=up.id, endpoint="/v1/chat/completions", completion_window="24h"

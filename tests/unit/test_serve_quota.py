@@ -17,8 +17,15 @@ import pytest
 
 from producer.serve.app import ServeConfig
 from producer.serve.auth import KeysError, TenantLimits, parse_keys_document
-from producer.serve.file_index import IndexEntry, SizeEntry, tally
-from producer.serve.storage import FileStore
+from producer.serve.file_index import (
+    SIZES_DIR,
+    IndexEntry,
+    SizeEntry,
+    size_key,
+    tally,
+    tenant_dir,
+)
+from producer.serve.storage import MEND_PER_COUNT, FileStore
 from tests.serve_fixtures import KEY_B, offline_app
 from tests.storage_fixtures import Backend, upload_bytes
 from tests.unit.test_serve_expiry import sdk_run
@@ -34,33 +41,32 @@ def fid(n: int) -> str:
 
 
 def test_sizes_count_only_beside_a_live_listing_entry() -> None:
-    names = [
-        IndexEntry(1, fid(1), "batch").name,
-        SizeEntry(fid(1), 10).name,  # counted
+    listing = [
+        IndexEntry(1, fid(1), "batch").name,  # size 10: counted
         IndexEntry(2, fid(2), "batch").name,  # no size entry: unsure
-        IndexEntry(3, fid(3), "batch_output").name,
-        SizeEntry(fid(3), 5).name,
-        SizeEntry(fid(3), 7).name,  # two sizes: unsure
-        IndexEntry(4, fid(4), "batch").tombstone(100).name,
-        SizeEntry(fid(4), 99).name,  # its file removed: stale
-        SizeEntry(fid(5), 3).name,  # no listing entry at all: stale
+        IndexEntry(3, fid(3), "batch_output").name,  # two sizes: unsure
+        IndexEntry(4, fid(4), "batch").tombstone(100).name,  # removed: its size stale
         ".indexed-v3",
-        "size.not-a-file.1",
     ]
-    found = tally(names)
+    sizes = [
+        SizeEntry(fid(1), 10).name,
+        SizeEntry(fid(3), 5).name,
+        SizeEntry(fid(3), 7).name,
+        SizeEntry(fid(4), 99).name,
+        SizeEntry(fid(5), 3).name,  # no listing entry at all: stale
+        "not-a-file.1",
+    ]
+    found = tally(listing, sizes)
     assert found.bytes == 10
     assert sorted(found.stale) == [SizeEntry(fid(4), 99), SizeEntry(fid(5), 3)]
     assert found.unsure == {fid(2): [], fid(3): [SizeEntry(fid(3), 5), SizeEntry(fid(3), 7)]}
 
 
-def test_a_size_entry_is_no_listing_entry() -> None:
-    """A release from before sizes lists a tenant's folder with `IndexEntry.parse`: it
-    must skip the size entries, not list or drop them."""
+def test_size_entry_names() -> None:
     entry = SizeEntry(fid(1), 123_456)
-    assert entry.name == f"size.{fid(1)}.123456"
-    assert SizeEntry.parse(entry.name) == entry
-    assert IndexEntry.parse(entry.name) is None
-    for bad in (f"size.{fid(1)}.-1", f"size.{fid(1)}.1e3", f"size.{fid(1)}." + "9" * 16, "size."):
+    assert entry.name == f"{fid(1)}.123456" and SizeEntry.parse(entry.name) == entry
+    assert size_key("t", entry) == f"{SIZES_DIR}/{tenant_dir('t')}/{entry.name}"
+    for bad in (f"{fid(1)}.-1", f"{fid(1)}.1e3", f"{fid(1)}." + "9" * 16, f"{fid(1)}.", "x.1"):
         assert SizeEntry.parse(bad) is None
 
 
@@ -97,8 +103,8 @@ def test_usage_mends_what_an_older_release_or_a_crash_left(backend: Backend) -> 
     removed = upload_bytes(storage, b"{}\n")  # 3
     # a release before sizes stored `old` (no size entry); a server killed mid-rewrite
     # left `doubled` two; one killed mid-delete left `removed`'s size and nothing else
-    backend.set_entry("a", SizeEntry(old, 15).name, present=False)
-    backend.set_entry("a", SizeEntry(doubled, 4).name, present=True)
+    backend.set_entry("a", SizeEntry(old, 15).name, present=False, top=SIZES_DIR)
+    backend.set_entry("a", SizeEntry(doubled, 4).name, present=True, top=SIZES_DIR)
     stored = storage.get(removed, "a")
     assert stored is not None
     backend.set_entry("a", stored.listing_entry.name, present=False)
@@ -264,3 +270,16 @@ def test_a_keys_file_may_exempt_a_tenant_from_the_storage_quota() -> None:
     doc["tenants"] = {"t": {"max_upload_bytes": 0}}  # only the quota takes 0
     with pytest.raises(KeysError, match="positive"):
         parse_keys_document(doc, "keys.yaml")
+
+
+def test_one_count_mends_a_bounded_number_of_files(backend: Backend) -> None:
+    """A store just upgraded has no size entries: a count inside an upload request reads
+    at most MEND_PER_COUNT files' metadata; the rest count from a later call on (the
+    background index writes them meanwhile)."""
+    storage = backend.storage
+    ids = [upload_bytes(storage, b"{}\n") for _ in range(MEND_PER_COUNT + 8)]
+    for file_id in ids:
+        backend.set_entry("a", SizeEntry(file_id, 3).name, present=False, top=SIZES_DIR)
+    assert storage.usage("a") == 3 * MEND_PER_COUNT
+    assert storage.usage("a") == 3 * len(ids)
+    assert len(backend.size_names("a")) == len(ids)

@@ -115,7 +115,7 @@ def test_a_listing_heals_entries_of_files_gone_or_rewritten(
     # is left to the next usage count, which drops it
     assert len(backend.size_names("a")) == 3
     assert storage.usage("a") == 6
-    assert backend.size_names("a") == sorted(f"size.{f}.3" for f in (kept, fid))
+    assert backend.size_names("a") == sorted(f"{f}.3" for f in (kept, fid))
 
 
 def test_a_store_from_before_the_index_is_indexed_once_when_opened(
