@@ -414,8 +414,9 @@ def _too_large(limit: int) -> ApiError:
 async def _check_room(state: ServeState, tenant: str, quota: int, size: int | None) -> None:
     """Refuse unless `size` more bytes (an upload's) fit in the tenant's `quota`, or, for
     a batch (`size` None), unless the tenant is under it: a batch's outputs are always
-    stored, so a full tenant starts none (at most one batch's outputs past the quota).
-    A soft limit: requests racing each other on several connections may each pass."""
+    stored, so a full tenant starts none (those started under it may still take it past
+    by their outputs). A soft limit: requests racing on several connections may each
+    pass."""
     used = await run_in_threadpool(state.storage.usage, tenant)
     if used + (size or 1) <= quota:
         return

@@ -50,6 +50,9 @@ EXPIRY_DIR = "expiring"
 REINDEXED = ".indexed-v3"
 MARKER_KEY = f"{INDEX_DIR}/{REINDEXED}"
 """Every file stored before the index has its entries (v3: its size entry too)."""
+MARKER_KEYS = (MARKER_KEY, f"{INDEX_DIR}/.indexed-v2")
+"""What a reindex marks done: this release's marker and the one the release before it
+reads (so a rollback to it does not index the whole store again)."""
 _ID = r"file-[0-9a-f]{24,64}"
 _PURPOSE = r"[a-z_]{1,32}"
 FILE_ID = re.compile(rf"^{_ID}$")
@@ -136,37 +139,51 @@ class SizeEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class Unsure:
+    """A listed file whose names do not settle its size: its live listing entries and
+    size entries (its metadata, present or gone, says which are right)."""
+
+    listed: list[IndexEntry]
+    sizes: list[SizeEntry]
+
+
+@dataclass(frozen=True, slots=True)
 class Tally:
-    """A tenant's storage use as its folder's names tell it (`tally`)."""
+    """A tenant's storage use as its folders' names tell it (`tally`)."""
 
     bytes: int
-    """The sizes of the listed files with exactly one size entry."""
+    """The sizes of the listed files with one live listing entry and one size entry."""
     stale: list[SizeEntry]
     """Size entries of files no longer listed (removed, or being removed): to drop."""
-    unsure: dict[str, list[SizeEntry]]
-    """Listed files with no size entry (stored by an older release, or being stored
-    now) or several (rewritten under the same id): their metadata says which."""
+    unsure: dict[str, Unsure]
+    """Listed files with no size entry (stored by an older release, being stored now,
+    or half removed by a crash), several (rewritten under the same id), or several
+    live listing entries (rewritten by an older release, which leaves the old one)."""
 
 
 def tally(listing: Iterable[str], sizes_found: Iterable[str]) -> Tally:
     """What a tenant's folders (its `listing` entries, its size entries) say its files
-    hold. A size entry counts only beside a
-    live listing entry of its file: it is written after that entry and removed before
-    it, so a size entry alone is left from a file removed (by a crash or a race), and a
-    live listing entry alone is a file half stored or half removed, or stored by an
-    older release (`unsure`: its metadata, present or gone, says)."""
-    live: set[str] = set()
+    hold. A size entry counts only beside a live listing entry of its file: it is
+    written after that entry and removed before it, so a size entry alone is left from
+    a file removed (by a crash or a race). Read the sizes first: then a file stored
+    between the two reads is never taken for a removed one."""
+    live: dict[str, list[IndexEntry]] = {}
     sizes: dict[str, list[SizeEntry]] = {}
-    for name in listing:
-        if (entry := IndexEntry.parse(name)) is not None and entry.gone_at is None:
-            live.add(entry.file_id)
     for name in sizes_found:
         if (size := SizeEntry.parse(name)) is not None:
             sizes.setdefault(size.file_id, []).append(size)
+    for name in listing:
+        if (entry := IndexEntry.parse(name)) is not None and entry.gone_at is None:
+            live.setdefault(entry.file_id, []).append(entry)
     stale = [s for fid, found in sizes.items() if fid not in live for s in found]
-    counted = [found[0].bytes for fid, found in sizes.items() if fid in live and len(found) == 1]
-    unsure = {fid: sizes.get(fid, []) for fid in sorted(live) if len(sizes.get(fid, [])) != 1}
-    return Tally(sum(counted), stale, unsure)
+    total, unsure = 0, {}
+    for fid in sorted(live):
+        found = sizes.get(fid, [])
+        if len(found) == 1 and len(live[fid]) == 1:
+            total += found[0].bytes
+        else:
+            unsure[fid] = Unsure(live[fid], found)
+    return Tally(total, stale, unsure)
 
 
 def tenant_folder(tenant: str) -> str:
@@ -225,6 +242,7 @@ __all__ = [
     "FILE_ID",
     "INDEX_DIR",
     "MARKER_KEY",
+    "MARKER_KEYS",
     "PURPOSE",
     "REINDEXED",
     "SIZES_DIR",
@@ -233,6 +251,7 @@ __all__ = [
     "IndexEntry",
     "SizeEntry",
     "Tally",
+    "Unsure",
     "expiry_key",
     "listing_order",
     "orphan_ids",

@@ -34,9 +34,11 @@ from producer.serve.file_index import (
     EXPIRY_DIR,
     FILE_ID,
     MARKER_KEY,
+    MARKER_KEYS,
     TOMBSTONE_TTL_S,
     ExpiryEntry,
     IndexEntry,
+    Unsure,
     expiry_key,
     listing_order,
     orphan_ids,
@@ -67,6 +69,14 @@ and a PUT each, inside an upload request): the rest wait for later calls."""
 LEFTOVER_AGE_S = 86_400
 """How old a data object without metadata, or a temp file, must be to be a crash's
 leftover (`FileStore.sweep_leftovers`)."""
+
+
+def entry_keys(stored: StoredFile) -> tuple[str, str]:
+    """The keys of a file's listing entry and size entry."""
+    return (
+        tenant_key(stored.tenant, stored.listing_entry),
+        size_key(stored.tenant, stored.size_entry),
+    )
 
 
 class FileStore:
@@ -134,21 +144,12 @@ class FileStore:
             if stored.expiry_entry is not None:
                 self._mark(expiry_key(stored.expiry_entry))
             self._place(src, stored)
-            self._mark(tenant_key(stored.tenant, stored.listing_entry))
-            self._mark(size_key(stored.tenant, stored.size_entry))
-            if before is not None:
-                for old, new in (
-                    (
-                        tenant_key(before.tenant, before.listing_entry),
-                        tenant_key(stored.tenant, stored.listing_entry),
-                    ),
-                    (
-                        size_key(before.tenant, before.size_entry),
-                        size_key(stored.tenant, stored.size_entry),
-                    ),
-                ):
-                    if old != new:
-                        self._unmark(old)
+            keys = entry_keys(stored)  # the listing entry, then the size entry
+            for key in keys:
+                self._mark(key)
+            for old in entry_keys(before) if before is not None else ():
+                if old not in keys:
+                    self._unmark(old)
         return stored
 
     # ------------------------------------------------------------ reading, deleting
@@ -301,26 +302,43 @@ class FileStore:
 
     def usage(self, tenant: str) -> int:
         """The bytes a tenant's files hold (`--max-storage-bytes` measures this): a walk
-        of its listing and size folders (`tally`). Size entries of removed files are
-        dropped; a listed file with no size entry, or several, has its metadata read and
-        its one right entry written, at most `MEND_PER_COUNT` of them a call (after an
-        upgrade the background index writes the rest; till then they count 0). Expired
-        files count until the sweep removes them."""
-        found = tally(self._marks(tenant_folder(tenant)), self._marks(size_folder(tenant)))
+        of its size and listing folders (`tally`), no metadata read. Size entries of
+        removed files are dropped. A listed file whose names do not settle its size has
+        its metadata read (under its lock: a file being stored is seen whole or not at
+        all) and its entries put right: the right size entry written, others dropped,
+        and listing entries of another file or none dropped too (a listing would drop
+        them when met). At most `MEND_PER_COUNT` such files a call (after an upgrade
+        the background index writes the rest; till then they count 0). Expired files
+        count until the sweep removes them."""
+        sizes = list(self._marks(size_folder(tenant)))  # first: see `tally`
+        found = tally(self._marks(tenant_folder(tenant)), sizes)
         for size in found.stale:
             self._unmark(size_key(tenant, size))
         total = found.bytes
-        for file_id, sizes in itertools.islice(found.unsure.items(), MEND_PER_COUNT):
-            stored = self._load(file_id)
-            right = stored.size_entry if stored is not None and stored.tenant == tenant else None
-            for size in sizes:
-                if size != right:
-                    self._unmark(size_key(tenant, size))
-            if right is not None:
-                if right not in sizes:
-                    self._mark(size_key(tenant, right))
-                total += right.bytes
+        for file_id, unsure in itertools.islice(found.unsure.items(), MEND_PER_COUNT):
+            with self._locks.hold(file_id):
+                total += self._mend(tenant, file_id, unsure)
         return total
+
+    def _mend(self, tenant: str, file_id: str, unsure: Unsure) -> int:
+        """Put one file's entries right from its metadata; returns its size (0: gone)."""
+        stored = self._load(file_id)
+        if stored is not None and stored.tenant != tenant:
+            stored = None
+        for entry in unsure.listed:
+            if stored is None or entry != stored.listing_entry:
+                self._unmark(tenant_key(tenant, entry))
+        right = None if stored is None else stored.size_entry
+        for size in unsure.sizes:
+            if size != right:
+                self._unmark(size_key(tenant, size))
+        if stored is None or right is None:
+            return 0
+        if stored.listing_entry not in unsure.listed:
+            self._mark(tenant_key(tenant, stored.listing_entry))
+        if right not in unsure.sizes:
+            self._mark(size_key(tenant, right))
+        return right.bytes
 
     def reindex(self, *, force: bool = False) -> int:
         """Give every stored file its index entries: once per store (one written before
@@ -335,18 +353,19 @@ class FileStore:
                 continue
             if stored.expiry_entry is not None:
                 self._mark(expiry_key(stored.expiry_entry))
-            entries = [
-                tenant_key(stored.tenant, stored.listing_entry),
-                size_key(stored.tenant, stored.size_entry),
-            ]
+            entries = entry_keys(stored)
             with self._locks.hold(file_id):
                 for key in entries:
                     self._mark(key)
-                if self._load(file_id) is None:  # deleted since its document was read
+                now = self._load(file_id)  # deleted or rewritten since its document was read?
+                if now != stored:
+                    keep = set() if now is None else set(entry_keys(now))
                     for key in entries:
-                        self._unmark(key)
+                        if key not in keep:
+                            self._unmark(key)
             count += 1
-        self._mark(MARKER_KEY)
+        for marker in MARKER_KEYS:
+            self._mark(marker)
         return count
 
     # ------------------------------------------------------------ what a backend gives

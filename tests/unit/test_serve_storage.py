@@ -150,16 +150,6 @@ def put_file(storage: FileStore, file_id: str | None = None, **kw: Any) -> Any:
     return storage.put(src, filename="o.jsonl", purpose="batch_output", file_id=file_id, **kw)
 
 
-def write_meta(backend: Backend, file_id: str, doc: bytes) -> None:
-    """A metadata document written behind the store's back (damaged or hand-made)."""
-    if backend.endpoint is None:
-        assert isinstance(backend.storage, LocalStorage)
-        backend.storage.files.joinpath(f"{file_id}.json").write_bytes(doc)
-    else:
-        key = f"{backend.prefix}files/{file_id}.json"
-        cast(Any, backend.storage).client.put_object(Bucket=BUCKET, Key=key, Body=doc)
-
-
 def test_expired_files_are_hidden_then_swept_and_only_they(backend: Backend) -> None:
     storage = backend.storage
     brief = put_file(storage, expires_after_s=3600)
@@ -231,7 +221,7 @@ def test_a_malformed_document_is_no_file_and_stops_nothing(backend: Backend, doc
     storage = backend.storage
     good = put_file(storage, expires_after_s=3600)
     bad = "file-" + "cd" * 16
-    write_meta(backend, bad, doc.replace(b"FILE", bad.encode()))
+    backend.write_document(bad, doc.replace(b"FILE", bad.encode()))
     assert storage.get(bad, "a") is None
     backend.drop_index()
     again = backend.reopen()
@@ -244,7 +234,7 @@ def test_a_document_that_is_not_utf8_is_no_file(backend: Backend) -> None:
     storage = backend.storage
     good = put_file(storage)
     bad = put_file(storage)
-    write_meta(backend, bad.id, b'\xff{"id": 1}')
+    backend.write_document(bad.id, b'\xff{"id": 1}')
     assert storage.get(bad.id, "a") is None
     assert [f.id for f in storage.list("a")[0]] == [good.id]
     assert storage.reindex(force=True) == 1
