@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from producer.cli_common import EXIT_USAGE
-from producer.serve.file_index import MARKER_KEY
+from producer.serve.file_index import MARKER_KEYS
 from tests.s3_fixtures import BUCKET, CREDENTIALS, moto_s3, object_keys
 from tests.serve_fixtures import Server, batch_lines, jsonl, keys_file, read_file, wait_batch
 
@@ -61,9 +61,9 @@ def test_a_batch_through_s3_storage(s3_server: tuple[Server, str], tmp_path: Pat
     data = jsonl(batch_lines(n))
     up = client.files.create(file=("in.jsonl", data), purpose="batch")
     # the bytes, the metadata and the tenant's size and index entries are objects in the
-    # bucket, nothing else is (besides the index's marker, written as the server starts)
-    marker = f"{PREFIX}{MARKER_KEY}"
-    keys = [k for k in object_keys(endpoint, prefix=PREFIX) if k != marker]
+    # bucket, nothing else is (besides the index's markers, written as the server starts)
+    markers = {f"{PREFIX}{key}" for key in MARKER_KEYS}
+    keys = [k for k in object_keys(endpoint, prefix=PREFIX) if k not in markers]
     assert keys[:2] == [f"{PREFIX}files/{up.id}.data", f"{PREFIX}files/{up.id}.json"]
     assert len(keys) == 4
     assert keys[2].startswith(f"{PREFIX}sizes/") and keys[2].endswith(f"/{up.id}.{len(data)}")
