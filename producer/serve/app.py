@@ -43,11 +43,7 @@ from producer.serve.expiry import form_policy, policy_seconds
 from producer.serve.metrics import UsageRecorder
 from producer.serve.page import PAGE_BATCHES, register_page
 from producer.serve.runner import COLLECT_MARGIN_S, BatchRunner
-from producer.serve.storage import (
-    PURPOSE_BATCH,
-    FileStore,
-    UploadTooLarge,
-)
+from producer.serve.storage import PURPOSE_BATCH, FileStore, UploadTooLarge
 from producer.serve.sync import SyncSlots, request_timeout, run_sync
 from producer.serve.upkeep import Upkeep
 from producer.serve.upload import FormReceiver, check_jsonl
@@ -202,15 +198,13 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
 
     @app.post("/v1/files")
     async def create_file(request: Request, tenant: Tenant) -> dict[str, Any]:
-        limits = state.keyring.limits_for(tenant)
-        limit = limits.max_upload_bytes or cfg.max_upload_bytes
-        quota = state.keyring.storage_quota(tenant, cfg.max_storage_bytes)
+        limit = state.keyring.limits_for(tenant).max_upload_bytes or cfg.max_upload_bytes
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit + MULTIPART_SLACK:
             raise _too_large(limit)
-        if quota is not None:  # before receiving: refused at once when it cannot fit
-            least = max(int(length) - MULTIPART_SLACK, 1) if length.isdigit() else 1
-            await _check_room(state, tenant, quota, least)
+        # before receiving: refused at once when it cannot fit
+        least = max(int(length) - MULTIPART_SLACK, 1) if length.isdigit() else 1
+        await _check_room(state, tenant, least)
         receiver = FormReceiver(request.headers.get("content-type", ""), state.storage, limit)
         try:
             async for chunk in request.stream():
@@ -239,8 +233,8 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
                     code="invalid_file_format",
                     param="file",
                 )
-            if quota is not None:  # again with the size: other uploads may have landed
-                await _check_room(state, tenant, quota, upload.size)
+            # again with the size: other uploads may have landed meanwhile
+            await _check_room(state, tenant, upload.size)
             # off the event loop: with S3 storage this is an upload of up to the limit
             stored = await run_in_threadpool(
                 state.storage.commit,
@@ -301,9 +295,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         body = await json_body(request, BATCH_BODY_BYTES)
         # off the event loop: reads the input file's metadata from storage
         record = await run_in_threadpool(new_batch_record, state.storage, tenant, body)
-        quota = state.keyring.storage_quota(tenant, cfg.max_storage_bytes)
-        if quota is not None:
-            await _check_room(state, tenant, quota, None)
+        await _check_room(state, tenant, None)
         max_active = (
             state.keyring.limits_for(tenant).max_concurrent_batches or cfg.max_concurrent_batches
         )
@@ -411,12 +403,15 @@ def _too_large(limit: int) -> ApiError:
     )
 
 
-async def _check_room(state: ServeState, tenant: str, quota: int, size: int | None) -> None:
-    """Refuse unless `size` more bytes (an upload's) fit in the tenant's `quota`, or, for
-    a batch (`size` None), unless the tenant is under it: a batch's outputs are always
-    stored, so a full tenant starts none (those started under it may still take it past
-    by their outputs). A soft limit: requests racing on several connections may each
-    pass."""
+async def _check_room(state: ServeState, tenant: str, size: int | None) -> None:
+    """With a storage quota for the tenant (`KeyRing.storage_quota`), refuse unless `size`
+    more bytes (an upload's) fit in it, or, for a batch (`size` None), unless the tenant
+    is under it: a batch's outputs are always stored, so a full tenant starts none (those
+    started under it may still take it past by their outputs). A soft limit: requests
+    racing on several connections may each pass."""
+    quota = state.keyring.storage_quota(tenant, state.config.max_storage_bytes)
+    if quota is None:
+        return
     used = await run_in_threadpool(state.storage.usage, tenant)
     if used + (size or 1) <= quota:
         return

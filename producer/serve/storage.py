@@ -144,13 +144,19 @@ class FileStore:
             if stored.expiry_entry is not None:
                 self._mark(expiry_key(stored.expiry_entry))
             self._place(src, stored)
-            keys = entry_keys(stored)  # the listing entry, then the size entry
-            for key in keys:
+            for key in entry_keys(stored):  # the listing entry, then the size entry
                 self._mark(key)
-            for old in entry_keys(before) if before is not None else ():
-                if old not in keys:
-                    self._unmark(old)
+            if before is not None:
+                self._drop_entries(before, stored)
         return stored
+
+    def _drop_entries(self, gone: StoredFile, kept: StoredFile | None) -> None:
+        """Unmark `gone`'s listing and size entries, but for names `kept` shares (the
+        same id written again, in the same second or at the same size)."""
+        keep = set() if kept is None else set(entry_keys(kept))
+        for key in entry_keys(gone):
+            if key not in keep:
+                self._unmark(key)
 
     # ------------------------------------------------------------ reading, deleting
 
@@ -197,8 +203,8 @@ class FileStore:
         if again is None:
             self._unlink(stored.id, "data")
         else:  # its entries may share the names of those just dropped (the same second)
-            self._mark(tenant_key(again.tenant, again.listing_entry))
-            self._mark(size_key(again.tenant, again.size_entry))
+            for key in entry_keys(again):
+                self._mark(key)
         if stored.expiry_entry is not None:
             self._unmark(expiry_key(stored.expiry_entry))
 
@@ -328,17 +334,16 @@ class FileStore:
         for entry in unsure.listed:
             if stored is None or entry != stored.listing_entry:
                 self._unmark(tenant_key(tenant, entry))
-        right = None if stored is None else stored.size_entry
         for size in unsure.sizes:
-            if size != right:
+            if stored is None or size != stored.size_entry:
                 self._unmark(size_key(tenant, size))
-        if stored is None or right is None:
+        if stored is None:
             return 0
         if stored.listing_entry not in unsure.listed:
             self._mark(tenant_key(tenant, stored.listing_entry))
-        if right not in unsure.sizes:
-            self._mark(size_key(tenant, right))
-        return right.bytes
+        if stored.size_entry not in unsure.sizes:
+            self._mark(size_key(tenant, stored.size_entry))
+        return stored.bytes
 
     def reindex(self, *, force: bool = False) -> int:
         """Give every stored file its index entries: once per store (one written before
@@ -353,16 +358,12 @@ class FileStore:
                 continue
             if stored.expiry_entry is not None:
                 self._mark(expiry_key(stored.expiry_entry))
-            entries = entry_keys(stored)
             with self._locks.hold(file_id):
-                for key in entries:
+                for key in entry_keys(stored):
                     self._mark(key)
                 now = self._load(file_id)  # deleted or rewritten since its document was read?
                 if now != stored:
-                    keep = set() if now is None else set(entry_keys(now))
-                    for key in entries:
-                        if key not in keep:
-                            self._unmark(key)
+                    self._drop_entries(stored, now)
             count += 1
         for marker in MARKER_KEYS:
             self._mark(marker)
