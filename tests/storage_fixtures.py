@@ -16,7 +16,7 @@ import pytest
 
 from producer.serve.file_index import EXPIRY_DIR, INDEX_DIR, SIZES_DIR, tenant_dir
 from producer.serve.local_store import LocalStorage
-from producer.serve.storage import FileStore
+from producer.serve.storage import FileStore, StoredFile
 from producer.serve.storage_url import open_storage
 from tests.s3_fixtures import BUCKET, CREDENTIALS, moto_s3, object_keys
 
@@ -123,6 +123,23 @@ def backend(
     return Backend(storage, endpoint, prefix)
 
 
+def put_bytes(
+    storage: FileStore,
+    data: bytes = b"{}\n",
+    *,
+    file_id: str | None = None,
+    tenant: str = "a",
+    **kw: Any,
+) -> StoredFile:
+    """A finished local file put in as an output file (`FileStore.put`, as the runner
+    stores them; `file_id` rewrites that file)."""
+    src = storage.tmp / f"put-{uuid.uuid4().hex}.jsonl"
+    src.write_bytes(data)
+    return storage.put(
+        src, tenant=tenant, filename="o.jsonl", purpose="batch_output", file_id=file_id, **kw
+    )
+
+
 def upload_bytes(storage: FileStore, data: bytes, tenant: str = "a", limit: int = 1_000) -> str:
     up = storage.begin(limit)
     for start in range(0, len(data), 7):
@@ -130,4 +147,4 @@ def upload_bytes(storage: FileStore, data: bytes, tenant: str = "a", limit: int 
     return storage.commit(up, tenant=tenant, filename="in.jsonl", purpose="batch").id
 
 
-__all__ = ["Backend", "backend", "s3_endpoint", "upload_bytes"]
+__all__ = ["Backend", "backend", "put_bytes", "s3_endpoint", "upload_bytes"]

@@ -7,7 +7,6 @@ upload refusals through the real `openai` SDK against the app in process.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from producer.serve.file_index import (
 )
 from producer.serve.storage import MEND_PER_COUNT, FileStore
 from tests.serve_fixtures import KEY_B, offline_app
-from tests.storage_fixtures import Backend, upload_bytes
+from tests.storage_fixtures import Backend, put_bytes, upload_bytes
 from tests.unit.test_serve_expiry import sdk_run
 
 LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
@@ -84,23 +83,17 @@ def test_size_entry_names() -> None:
 # ---------------------------------------------------------------- the storage's count
 
 
-def put_output(storage: FileStore, file_id: str, data: bytes, tenant: str = "a") -> None:
-    src = storage.tmp / f"put-{uuid.uuid4().hex}.jsonl"
-    src.write_bytes(data)
-    storage.put(src, tenant=tenant, filename="o.jsonl", purpose="batch_output", file_id=file_id)
-
-
 def test_usage_counts_a_tenants_uploads_and_outputs(backend: Backend) -> None:
     storage = backend.storage
     first = upload_bytes(storage, b"{}\n" * 10)  # 30 bytes
     upload_bytes(storage, b"{}\n" * 2)  # 6
     upload_bytes(storage, b"{}\n" * 100, tenant="b")  # another tenant's
-    put_output(storage, fid(7), b"{}\n" * 4)  # 12
+    put_bytes(storage, b"{}\n" * 4, file_id=fid(7))  # 12
     assert storage.usage("a") == 48 and storage.usage("b") == 300
     assert storage.usage("nobody") == 0
     assert storage.delete(first, "a")
     assert storage.usage("a") == 18
-    put_output(storage, fid(7), b"{}\n" * 9)  # rewritten under its id: 27
+    put_bytes(storage, b"{}\n" * 9, file_id=fid(7))  # rewritten under its id: 27
     assert storage.usage("a") == 33
     assert backend.size_names("a") == sorted(
         SizeEntry(f.id, f.bytes).name for f in storage.list("a")[0]
@@ -253,7 +246,7 @@ def test_a_full_tenant_starts_no_batch(tmp_path: Path, monkeypatch: pytest.Monke
         await client.batches.create(
             input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        put_output(state.storage, fid(9), LINE * 4, tenant="team-a")  # its output: 5x
+        put_bytes(state.storage, LINE * 4, file_id=fid(9), tenant="team-a")  # its output: 5x
         with pytest.raises(openai.PermissionDeniedError) as refused:
             await client.batches.create(
                 input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -379,13 +372,13 @@ def test_a_reindex_keeps_the_entries_of_a_file_rewritten_meanwhile(backend: Back
     are written (a rollback to the release before does not index the store again)."""
     storage = backend.storage
     file_id = fid(3)
-    put_output(storage, file_id, b"{}\n")
+    put_bytes(storage, b"{}\n", file_id=file_id)
     real_docs = storage._metadata_docs
 
     def docs() -> Iterator[tuple[str, str | bytes]]:
         for doc_id, raw in real_docs():
             if doc_id == file_id:
-                put_output(storage, file_id, b"{}\n" * 7)
+                put_bytes(storage, b"{}\n" * 7, file_id=file_id)
             yield doc_id, raw
 
     storage._metadata_docs = docs  # type: ignore[method-assign]

@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from producer.serve.local_store import LocalStorage
-from producer.serve.storage import FileStore, UploadTooLarge, clean_filename, new_file_id
+from producer.serve.storage import UploadTooLarge, clean_filename, new_file_id
 from producer.serve.storage_url import S3Location, StorageError, open_storage, parse_storage_url
 from producer.serve.upload import check_jsonl
 from tests.s3_fixtures import BUCKET, CREDENTIALS
-from tests.storage_fixtures import Backend, upload_bytes  # `backend`: tests/unit/conftest.py
+from tests.storage_fixtures import (  # `backend`: tests/unit/conftest.py
+    Backend,
+    put_bytes,
+    upload_bytes,
+)
 
 
 def test_upload_round_trip_and_tenant_isolation(backend: Backend) -> None:
@@ -143,18 +146,11 @@ def test_tenant_names_never_become_index_paths(backend: Backend) -> None:
     assert all(name.startswith("file-") for name in backend.stored_names())
 
 
-def put_file(storage: FileStore, file_id: str | None = None, **kw: Any) -> Any:
-    src = storage.tmp / f"put-{uuid.uuid4().hex}.jsonl"
-    src.write_text("{}\n")
-    kw.setdefault("tenant", "a")
-    return storage.put(src, filename="o.jsonl", purpose="batch_output", file_id=file_id, **kw)
-
-
 def test_expired_files_are_hidden_then_swept_and_only_they(backend: Backend) -> None:
     storage = backend.storage
-    brief = put_file(storage, expires_after_s=3600)
-    later_file = put_file(storage, tenant="b", expires_after_s=7200)
-    kept = put_file(storage)
+    brief = put_bytes(storage, expires_after_s=3600)
+    later_file = put_bytes(storage, tenant="b", expires_after_s=7200)
+    kept = put_bytes(storage)
     assert brief.expires_at == brief.created_at + 3600
     due = brief.created_at + 3600
     assert storage.sweep_expired(due - 1) == 0 and storage.get(brief.id, "a") is not None
@@ -174,10 +170,10 @@ def test_the_sweep_spares_a_file_rewritten_under_the_same_id(
     time: the old expiry entry is dropped and the new file stays until its own."""
     storage = backend.storage
     fid = "file-" + "ab" * 16
-    old = put_file(storage, fid, expires_after_s=3600)
+    old = put_bytes(storage, file_id=fid, expires_after_s=3600)
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + 10)
-    newer = put_file(storage, fid, expires_after_s=3600)
+    newer = put_bytes(storage, file_id=fid, expires_after_s=3600)
     monkeypatch.setattr(time, "time", real)
     assert newer.expires_at > old.expires_at
     assert storage.sweep_expired(old.expires_at) == 0  # the old entry only
@@ -193,7 +189,7 @@ def test_expiry_is_hidden_from_reads_that_were_due_before_the_sweep(
     """Reading never deletes: a read of an expired file is a 404 and leaves the bytes
     for the sweep (which checks the file again first)."""
     storage = backend.storage
-    brief = put_file(storage, expires_after_s=3600)
+    brief = put_bytes(storage, expires_after_s=3600)
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + 3601)
     assert storage.get(brief.id, "a") is None and storage.list("a") == ([], False)
@@ -219,7 +215,7 @@ def test_a_malformed_document_is_no_file_and_stops_nothing(backend: Backend, doc
     """A damaged or hand-written metadata document is neither found, listed nor indexed,
     and the store opens, lists, indexes and sweeps around it."""
     storage = backend.storage
-    good = put_file(storage, expires_after_s=3600)
+    good = put_bytes(storage, expires_after_s=3600)
     bad = "file-" + "cd" * 16
     backend.write_document(bad, doc.replace(b"FILE", bad.encode()))
     assert storage.get(bad, "a") is None
@@ -232,8 +228,8 @@ def test_a_malformed_document_is_no_file_and_stops_nothing(backend: Backend, doc
 
 def test_a_document_that_is_not_utf8_is_no_file(backend: Backend) -> None:
     storage = backend.storage
-    good = put_file(storage)
-    bad = put_file(storage)
+    good = put_bytes(storage)
+    bad = put_bytes(storage)
     backend.write_document(bad.id, b'\xff{"id": 1}')
     assert storage.get(bad.id, "a") is None
     assert [f.id for f in storage.list("a")[0]] == [good.id]
@@ -246,7 +242,7 @@ def test_a_store_with_policies_but_no_expiry_entries_is_swept_after_reindex(
     """Files written before the expiry index (or by a release without it) get their
     entries from the (re)index, so the sweep still comes to them."""
     storage = backend.storage
-    brief = put_file(storage, expires_after_s=3600)
+    brief = put_bytes(storage, expires_after_s=3600)
     backend.drop_index()
     again = backend.reopen()
     assert again.sweep_expired(brief.created_at + 3600) == 0  # no entry: not seen
@@ -265,7 +261,7 @@ def test_paging_goes_on_after_the_files_of_the_last_page_were_deleted(
     ids = []
     for n in range(5):  # one a second, so the order is known
         monkeypatch.setattr(time, "time", lambda n=n: real() + n)
-        ids.append(put_file(storage).id)
+        ids.append(put_bytes(storage).id)
     seen: list[str] = []
     after = None
     while True:
@@ -292,14 +288,14 @@ def test_a_delete_racing_a_rewrite_of_the_same_id_keeps_the_new_file(
     store's per-file lock keeps the two apart.)"""
     storage, replica = backend.storage, backend.reopen()
     fid = "file-" + "ef" * 16
-    put_file(storage, fid)
+    put_bytes(storage, file_id=fid)
     real_unlink = cast(Any, storage)._unlink
     rewritten: list[Any] = []
 
     def unlink(file_id: str, kind: str) -> None:
         real_unlink(file_id, kind)
         if kind == "json" and not rewritten:
-            rewritten.append(put_file(replica, fid))  # lands between metadata and bytes
+            rewritten.append(put_bytes(replica, file_id=fid))  # lands between metadata and bytes
 
     monkeypatch.setattr(storage, "_unlink", unlink)
     assert storage.delete(fid, "a")
@@ -315,7 +311,7 @@ def test_documents_without_a_policy_read_as_a_release_before_expiry_wrote_them(
     """No `expires_at` key without a policy (an older release, during a rolling update
     or after a rollback, builds its file object from exactly the keys it knows)."""
     storage = backend.storage
-    plain = put_file(storage)
+    plain = put_bytes(storage)
     if backend.endpoint is None:
         assert isinstance(storage, LocalStorage)
         doc = json.loads(storage.files.joinpath(f"{plain.id}.json").read_text())

@@ -21,7 +21,7 @@ from producer.serve.local_store import LocalStorage
 from producer.serve.storage import LEFTOVER_AGE_S, FileStore, StoredFile
 from producer.serve.upkeep import Upkeep
 from tests.s3_fixtures import BUCKET
-from tests.storage_fixtures import Backend, upload_bytes
+from tests.storage_fixtures import Backend, put_bytes, upload_bytes
 
 
 def fid(n: int) -> str:
@@ -79,12 +79,12 @@ def drop_metadata(backend: Backend, file_id: str) -> None:
         cast(Any, backend.storage).client.delete_object(Bucket=BUCKET, Key=key)
 
 
+DAY_AGO = time.time() - LEFTOVER_AGE_S - 3_600
+
+
 def aged(path: Path) -> Path:
     os.utime(path, (DAY_AGO, DAY_AGO))
     return path
-
-
-DAY_AGO = time.time() - LEFTOVER_AGE_S - 3_600
 
 
 def test_the_leftover_sweep_removes_old_orphans_and_temp_files_only(backend: Backend) -> None:
@@ -109,12 +109,6 @@ def test_the_leftover_sweep_removes_old_orphans_and_temp_files_only(backend: Bac
     assert storage.sweep_leftovers(now=later + 3_600) == 1  # seen so twice: gone
     assert backend.stored_names() == [f"{kept}.data", f"{kept}.json"]
     assert storage.get(kept, "a") is not None
-
-
-def put_bytes(store: FileStore, data: bytes, **kw: Any) -> StoredFile:
-    src = store.tmp / f"src-{time.time_ns()}"
-    src.write_bytes(data)
-    return store.put(src, tenant="a", filename="x.jsonl", purpose="batch_output", **kw)
 
 
 def test_a_file_restored_with_old_times_keeps_its_bytes(tmp_path: Path) -> None:
@@ -186,13 +180,11 @@ def test_the_expiry_sweep_racing_a_rewrite_keeps_the_new_bytes(tmp_path: Path) -
         os.replace(meta, store._meta(stored.id))
 
     store._place = place  # type: ignore[method-assign]
-    src = store.tmp / "out"
-    src.write_bytes(b"new output\n")
     sweeper = threading.Thread(
         target=lambda: placed.wait(5) and swept.append(store.sweep_expired(first.expires_at))
     )
     sweeper.start()
-    again = store.put(src, tenant="a", filename="x", purpose="batch_output", file_id=file_id)
+    again = put_bytes(store, b"new output\n", file_id=file_id)
     sweeper.join(5)
     assert swept == [0] and store.get(file_id, "a") == again
     assert store._data(file_id).read_bytes() == b"new output\n"
