@@ -23,6 +23,7 @@ Decisions (see `producer/README.md`):
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -350,6 +351,42 @@ def _native_data(obj: dict[str, Any], rid: str, job_id: str) -> dict[str, Any]:
     return data
 
 
+class CustomIds:
+    """custom_id uniqueness (OpenAI requires it, and output lines are matched on it): the
+    first line with an id keeps it, a later valid line repeating it is an error. Keyed by
+    a 64-bit digest of the id, so a million ids cost tens of MB, not their text."""
+
+    def __init__(self) -> None:
+        self._first: dict[int, int] = {}
+
+    def earlier(self, parsed: Line) -> int | None:
+        """The earlier line `parsed` (a valid line) repeats the custom_id of, else None."""
+        cid = parsed.custom_id
+        if cid is None:
+            return None
+        digest = int.from_bytes(hashlib.blake2b(cid.encode(), digest_size=8).digest(), "big")
+        first = self._first.setdefault(digest, parsed.line)
+        return first if first != parsed.line and parsed.ok else None
+
+    def check(self, parsed: Line) -> Line:
+        """`parsed`, or an error line when its custom_id was seen on an earlier line."""
+        first = self.earlier(parsed)
+        return parsed if first is None else duplicate_line(parsed, first)
+
+
+def duplicate_line(parsed: Line, first: int) -> Line:
+    """`parsed` (a valid line) as the error of repeating line `first`'s custom_id."""
+    return Line(
+        parsed.line,
+        parsed.request_id,
+        parsed.custom_id,
+        error=ContractError(
+            f"duplicate custom_id {parsed.custom_id!r} (first on line {first})",
+            param="custom_id",
+        ),
+    )
+
+
 def scan_lines(
     texts: Iterable[str],
     job_id: str,
@@ -359,38 +396,23 @@ def scan_lines(
 ) -> Scan:
     """Validate every line (texts are the file's lines, in order); report every bad one.
 
-    A custom_id seen on an earlier line makes the later line an error (OpenAI requires
-    them unique, and output lines are matched on them).
+    A custom_id seen on an earlier line makes the later line an error (`CustomIds`).
+    Holds every line parsed: for a file of any size, `producer.line_sources.scan_stream`.
     """
     scan = Scan(format=None)
-    seen: dict[str, int] = {}
+    ids = CustomIds()
     for number, raw in enumerate(texts, start=1):
         text = raw.strip()
         if not text:
             continue
         if scan.format is None:
-            scan.format = _detect(text)
+            scan.format = detect_line(text)
         parsed = parse_line(text, number, scan.format, job_id, attempt=attempt, defaults=defaults)
-        cid = parsed.custom_id
-        if cid is not None:
-            if cid in seen:
-                if parsed.ok:
-                    parsed = Line(
-                        number,
-                        parsed.request_id,
-                        cid,
-                        error=ContractError(
-                            f"duplicate custom_id {cid!r} (first on line {seen[cid]})",
-                            param="custom_id",
-                        ),
-                    )
-            else:
-                seen[cid] = number
-        scan.lines.append(parsed)
+        scan.lines.append(ids.check(parsed))
     return scan
 
 
-def _detect(text: str) -> InputFormat:
+def detect_line(text: str) -> InputFormat:
     """The format a file's first non-blank line announces (OpenAI when it cannot tell)."""
     try:
         obj = json.loads(text)
@@ -406,5 +428,5 @@ def detect_format(texts: Iterable[str]) -> InputFormat | None:
     for raw in texts:
         text = raw.strip()
         if text:
-            return _detect(text)
+            return detect_line(text)
     return None

@@ -53,7 +53,7 @@ from producer.jobs import (
     file_sha256,
     submit_job,
 )
-from producer.line_sources import scan_file
+from producer.line_sources import scan_stream
 from producer.placement import PlacementMode
 from producer.usage import CLI_TENANT, UsageStore
 from schemas import ContractError
@@ -134,7 +134,7 @@ def _do_submit(
         err.print(f"[red]error:[/] no such file: {file}")
         return EXIT_USAGE
     try:
-        scan = scan_file(file, job, defaults=defaults.routed(client.routes))
+        scan = scan_stream(file, job, defaults=defaults.routed(client.routes))
     except UnicodeDecodeError as exc:
         err.print(f"[red]error:[/] {file} is not UTF-8: {exc}")
         return EXIT_USAGE
@@ -146,7 +146,7 @@ def _do_submit(
                     "job_id": job,
                     "format": scan.format,
                     "total": scan.total,
-                    "valid": scan.total - len(bad),
+                    "valid": scan.total - scan.invalid,
                     "bad": [
                         {
                             "line": b.line,
@@ -163,9 +163,10 @@ def _do_submit(
         say(
             o,
             f"{file}: {scan.format or 'empty'} format, {scan.total} lines, "
-            f"{scan.total - len(bad)} valid, {len(bad)} bad",
+            f"{scan.total - scan.invalid} valid, {scan.invalid} bad"
+            + (f" (the first {len(bad)} listed)" if len(bad) < scan.invalid else ""),
         )
-        return EXIT_NOT_ALL_SUCCEEDED if bad else EXIT_OK
+        return EXIT_NOT_ALL_SUCCEEDED if scan.invalid else EXIT_OK
     if scan.total == 0:
         err.print(f"[red]error:[/] {file} has no requests")
         return EXIT_USAGE
@@ -209,7 +210,7 @@ def _do_submit(
         )
     for b in bad[:20]:
         say(o, f"  line {b.line}: {b.error.message if b.error else ''}")
-    return EXIT_NOT_ALL_SUCCEEDED if bad else EXIT_OK
+    return EXIT_NOT_ALL_SUCCEEDED if scan.invalid else EXIT_OK
 
 
 @bulk_app.command("submit")

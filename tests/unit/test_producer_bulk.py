@@ -394,3 +394,105 @@ def test_text_lines_parse_to_the_scan_s_envelopes() -> None:
         assert [x.envelope for x in again] == [x.envelope for x in scan.lines[position:]]
     with pytest.raises(ValueError, match="every line is valid"):
         TextLines(scan_lines(["[]"], "j"), ["[]"], "j")
+
+
+def _outline(x: object) -> list[tuple[object, ...]]:
+    lines = x if isinstance(x, list) else list(x)  # type: ignore[call-overload]
+    return [
+        (
+            line.line,
+            line.request_id,
+            line.custom_id,
+            line.ok,
+            line.mixed,
+            line.error.message if line.error else None,
+            line.envelope,
+        )
+        for line in lines
+    ]
+
+
+def test_a_streamed_scan_matches_the_whole_file_scan(tmp_path: Path) -> None:
+    """Issue 39: `bulk submit` parsed a whole file in memory (4.48 GB for 1,000,000 lines).
+    The streaming pass (`scan_stream`) gives the same lines, errors and duplicates, from
+    any position, a line over the envelope bound included."""
+    from producer.line_sources import scan_stream
+
+    defaults = Defaults(result_ttl_s=7_200)
+    texts = [
+        openai_line("a"),
+        "",
+        "{oops",
+        openai_line("b", {**CHAT, "note": "one\u2028two"}),
+        openai_line("a"),  # duplicate custom_id
+        native_line("r"),  # mixed
+        "   ",
+        openai_line("x" * 600_000),  # long but under the bound
+        json.dumps({"custom_id": "huge", "body": "y" * 1_100_000}),
+        openai_line("c"),
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(texts).encode() + b"\n")
+    whole = scan_file(path, "j", defaults=defaults)
+    streamed = scan_stream(path, "j", defaults=defaults)
+    assert (streamed.format, streamed.total, streamed.invalid) == (
+        whole.format,
+        whole.total,
+        whole.invalid,
+    )
+    assert streamed.duplicates == {5: 1} and streamed.mixed_count == 1
+    assert _outline(streamed.bad) == _outline(whole.bad)
+    for position in (0, 2, 5, whole.total):
+        assert _outline(streamed.lines_from(position)) == _outline(whole.lines[position:])
+
+
+def test_an_over_long_first_line_neither_decides_the_format_nor_splits(tmp_path: Path) -> None:
+    """A native file whose first line (after a byte-order mark) is over the bound: one bad
+    line, the format from the next line, and the line numbers (request ids) unmoved."""
+    from producer.line_sources import scan_stream
+
+    big = native_line("first", metadata={"pad": "z" * 1_100_000})
+    path = tmp_path / "native.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + f"{big}\n{native_line('a')}\n{native_line('b')}\n".encode())
+    streamed = scan_stream(path, "j")
+    assert (streamed.format, streamed.total, streamed.invalid, streamed.mixed_count) == (
+        InputFormat.native,
+        3,
+        1,
+        0,
+    )
+    lines = list(streamed.lines_from(0))
+    assert [(x.line, x.request_id, x.ok) for x in lines] == [
+        (1, "j.1", False),
+        (2, "j.2", True),
+        (3, "j.3", True),
+    ]
+    assert lines[0].error is not None and "over" in lines[0].error.message
+
+
+def test_a_streamed_scan_holds_little_more_than_one_line(tmp_path: Path) -> None:
+    """20,000 lines (4.6 MB): the whole-file scan peaks at ~20x the file in Python objects
+    (its every envelope); the streamed one at less than the file (a 64-bit digest per
+    custom_id, for the uniqueness rule, is what grows with the lines)."""
+    import tracemalloc
+
+    from producer.line_sources import scan_stream
+
+    path = tmp_path / "big.jsonl"
+    body = {"messages": [{"role": "user", "content": "q" * 100}]}
+    path.write_text("".join(openai_line(f"c{i}", body) + "\n" for i in range(20_000)))
+    tracemalloc.start()
+    try:
+        scan = scan_stream(path, "j")
+        assert sum(1 for _ in scan.lines_from(0)) == 20_000
+        streamed = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        assert scan_file(path, "j").total == 20_000
+        whole = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    size = path.stat().st_size
+    print(
+        f"file {size / 1e6:.1f} MB: streamed peak {streamed / 1e6:.1f} MB, whole {whole / 1e6:.1f} MB"
+    )
+    assert streamed < size and whole > 10 * streamed
