@@ -131,7 +131,11 @@ class JobStore:
     def mark_submitted(self, job_id: str, total: int) -> str:
         return reply_text(
             self._mark(
-                keys=[self.keys.job(job_id), self.keys.job_stream(job_id)],
+                keys=[
+                    self.keys.job(job_id),
+                    self.keys.job_stream(job_id),
+                    self.keys.job_counted(job_id),
+                ],
                 args=[total, self.job_ttl_s],
             )
         )
@@ -350,19 +354,19 @@ def submit_job(
             on_progress(position, total)
     if position < total:  # cancelled during submission: answer the unsent lines ourselves
         ms = now_ms()
-        rest = list(source)
-        results = [
-            (
-                invalid_result(line, job_id, ms)
-                if not line.ok
-                else cancelled_result(line, job_id, ms),
-                _ttl(line),
+        while rest := list(itertools.islice(source, chunk)):  # a chunk at a time in memory
+            store.write_results(
+                [
+                    (
+                        invalid_result(line, job_id, ms)
+                        if not line.ok
+                        else cancelled_result(line, job_id, ms),
+                        _ttl(line),
+                    )
+                    for line in rest
+                ]
             )
-            for line in rest
-        ]
-        for start in range(0, len(results), chunk):
-            store.write_results(results[start : start + chunk])
-        report.cancelled_unsent = sum(1 for line in rest if line.ok)
+            report.cancelled_unsent += sum(1 for line in rest if line.ok)
         if on_progress:
             on_progress(total, total)
     report.status = store.mark_submitted(job_id, total)

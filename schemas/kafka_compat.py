@@ -53,6 +53,18 @@ here is what would show a newer kafka-python no longer needs the patch.
    offset is committed); end to end by
    tests/reliability/test_results_topic.py::test_rebalances_keep_the_transactional_topic_exactly_once.
 
+5. `cap_record_headers()` -- memory without bound per record. Not a defect of
+   kafka-python but of the protocol's freedom: a record of 1 MB may carry 500,000 empty
+   headers, and kafka-python makes a Python tuple of each as it decodes the record (35 MB
+   of objects per record; 64 such records in flight OOM-killed a worker in a 1 GiB cgroup
+   on every start, issue 39). Nothing in qbatch reads a request's headers, so a record with
+   more than `MAX_RECORD_HEADERS` headers is decoded without them: the patch skips them by
+   the record's length instead of parsing them. Every kafka-python consumer in the process
+   gets the cap (the worker and the tool executor apply it at import; qbatch's own dead
+   letters carry 9 headers).
+   Reproduced by: tests/unit/test_kafka_compat.py (a 500,000-header record decoded with
+   and without the patch); end to end by tests/reliability/test_worker_core.py.
+
 Not patches, but call-order rules the worker follows for the same version (kept where
 they are used, in worker/kafka_io.py): subscribe, *then* load the topic's metadata
 before the first poll (else a second rebalance ~0.5 s after start, which under load
@@ -68,6 +80,8 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "MAX_RECORD_HEADERS",
+    "cap_record_headers",
     "consumer_state",
     "fetch_response_ok",
     "forget_stale_txn_offsets",
@@ -223,3 +237,53 @@ def forget_stale_txn_offsets(producer: Any) -> None:
         return
     with tm._lock:
         pending.clear()
+
+
+# ---------------------------------------------------------------- 5. headers without bound
+
+MAX_RECORD_HEADERS = 64
+"""A record with more headers than this reaches the worker with none (module docstring, 5)."""
+
+
+def cap_record_headers(limit: int = MAX_RECORD_HEADERS) -> bool:
+    """Make every record kafka-python decodes in this process keep its headers only when it
+    has at most `limit` of them (defect 5); True once patched. Idempotent."""
+    try:
+        from kafka.record.default_records import ControlRecord, DefaultRecord, DefaultRecordBatch
+        from kafka.record.util import decode_varint
+    except ImportError:  # another kafka-python layout: left as it is
+        return False
+    if getattr(DefaultRecordBatch, "_qbatch_headers_capped", False):
+        return True
+    original = DefaultRecordBatch._read_msg
+
+    def _read_msg(self: Any, decode_varint: Callable[..., Any] = decode_varint) -> Any:
+        buffer = self._buffer
+        length, start = decode_varint(buffer, self._pos)
+        pos = start
+        _, pos = decode_varint(buffer, pos)  # attributes
+        ts_delta, pos = decode_varint(buffer, pos)
+        offset_delta, pos = decode_varint(buffer, pos)
+        key_len, pos = decode_varint(buffer, pos)
+        key_at, pos = pos, pos + max(key_len, 0)
+        value_len, pos = decode_varint(buffer, pos)
+        value_at, pos = pos, pos + max(value_len, 0)
+        count, _ = decode_varint(buffer, pos)
+        if count <= limit:
+            return original(self, decode_varint)
+        # the headers are skipped unread: the record's length says where it ends
+        self._pos = start + length
+        if self.timestamp_type == self.LOG_APPEND_TIME:
+            timestamp = self.max_timestamp
+        else:
+            timestamp = self.first_timestamp + ts_delta
+        key = bytes(buffer[key_at : key_at + key_len]) if key_len >= 0 else None
+        value = bytes(buffer[value_at : value_at + value_len]) if value_len >= 0 else None
+        kind = ControlRecord if self.is_control_batch else DefaultRecord
+        return kind(
+            length, self.base_offset + offset_delta, timestamp, self.timestamp_type, key, value, []
+        )
+
+    DefaultRecordBatch._read_msg = _read_msg
+    DefaultRecordBatch._qbatch_headers_capped = True
+    return True

@@ -9,6 +9,7 @@ exactly as if a worker had answered. The Redis client is injected; the scripts a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -17,7 +18,7 @@ from typing import Any
 from schemas.keys import RedisKeys
 from schemas.redis_conn import eval_many, reply_text, waiting_out_failover
 from schemas.replica_ack import ReplicaAck, eval_acked
-from schemas.result import ResultEnvelope
+from schemas.result import ResultEnvelope, Status
 from schemas.scripts import lua
 
 
@@ -95,6 +96,7 @@ class ResultWriter:
                 self._keys.done(rid),
                 self._keys.job(job or "-"),
                 self._keys.job_stream(job or "-"),
+                self._keys.job_counted(job or "-"),
             ]
             args += [
                 encoded[i] if encoded is not None else result.model_dump_json(exclude_none=True),
@@ -158,6 +160,8 @@ class ResultWriter:
                 code, status = int(raw[0]), reply_text(raw[1])
                 replies[i] = WriteReply(_CODES[code])
                 job = (result.job_id if job_bookkeeping else None) or ""
+                if job and code == 0 and not status:
+                    status = self._legacy_status(result.request_id)
                 if job and code in (0, 1):
                     counts.setdefault(job, []).append(
                         (result, result.status.value if code == 1 else status, ttl_s)
@@ -166,6 +170,17 @@ class ResultWriter:
                 replies[i] = _reply(raw)
         self._count(counts, now_ms)
         return [r if r is not None else WriteReply(WriteStatus.existed) for r in replies]
+
+    def _legacy_status(self, request_id: str) -> str:
+        """The status of a result stored before its fields were ordered for `result_head`
+        (the script cannot see it in the first bytes): read here, never in a script, so
+        Redis does not decode a result of any size (gone one result TTL after upgrading)."""
+        raw = self._client.get(self._keys.result(request_id))
+        try:
+            status = json.loads(raw).get("status") if raw is not None else None
+        except (ValueError, AttributeError):
+            status = None
+        return str(status) if status in Status.__members__ else Status.failed.value
 
     def _broken_jobs(self, jobs: Sequence[str]) -> dict[str, str]:
         """job_id -> why, for the jobs whose hash, stream or counted set has another type."""
@@ -212,7 +227,11 @@ class ResultWriter:
         result travels inline in the job's stream entry."""
         if not result.job_id:
             return WriteReply(WriteStatus.existed)
-        keys = [self._keys.job(result.job_id), self._keys.job_stream(result.job_id)]
+        keys = [
+            self._keys.job(result.job_id),
+            self._keys.job_stream(result.job_id),
+            self._keys.job_counted(result.job_id),
+        ]
         args: list[Any] = [
             result.request_id,
             result.custom_id or "",

@@ -6,6 +6,7 @@ written against the OpenAI SDK's types can read it unchanged.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -159,15 +160,38 @@ class WorkerInfo(ResultModel):
     engine: str | None = None
 
 
+RESULT_HEAD_BYTES = 400
+"""The stored JSON's first bytes always hold `v`, `request_id`, `job_id` and `status`
+(ids are at most 128 characters): Redis scripts read those fields from this prefix
+(`schemas/lua/result_head.lua`) instead of decoding a result of any size."""
+
+_HEAD = re.compile(
+    rb'\{"v":1,"request_id":"[^"]*",(?:"job_id":"([^"]*)",)?(?:"status":"([a-z]+)")?'
+)
+
+
+def result_head(head: bytes) -> tuple[str, str]:
+    """(job_id, status) from a stored result's first bytes ('' for what they do not hold):
+    the Python twin of `schemas/lua/result_head.lua`, for the pipelines a Redis Cluster
+    needs instead of one script."""
+    found = _HEAD.match(head)
+    if found is None:
+        return "", ""
+    job, status = found.groups()
+    return (job or b"").decode(), (status or b"").decode()
+
+
 class ResultEnvelope(ResultModel):
     """Exactly one per request_id; `error` is set whenever status is not succeeded."""
 
+    # Field order matters: `v`, `request_id`, `job_id`, `status` come first in the JSON,
+    # so the first RESULT_HEAD_BYTES of a stored result hold them (see there).
     v: Literal[1] = 1
     request_id: str
     job_id: str | None = None
+    status: Status
     custom_id: str | None = None
     metadata: dict[str, Any] | None = None
-    status: Status
     response: ChatCompletion | Completion | None = None
     error: ErrorInfo | None = None
     tool_call_errors: list[ToolCallError] = Field(default_factory=list)

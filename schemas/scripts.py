@@ -4,8 +4,8 @@ The scripts name hash fields, job states and stream fields through `${...}`
 placeholders filled from the enums in `schemas.keys` and `schemas.result`, so a name
 lives once, in Python; a script using a placeholder that no enum provides fails to
 load (tests/unit/test_scripts.py loads them all and checks no name is hard-coded).
-`finalize.lua` and `keytypes.lua` are shared functions, prepended where a script
-calls them.
+`finalize.lua`, `keytypes.lua` and `result_head.lua` are shared functions, prepended
+where a script calls them.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from importlib import resources
 from string import Template
 
 from schemas.keys import DONE_TOKEN, DUPLICATE_FIELD_PREFIX, JobField, JobStatus, StreamField
-from schemas.result import ResultEnvelope, Status
+from schemas.result import RESULT_HEAD_BYTES, ResultEnvelope, Status
 
 __all__ = ["SCRIPT_NAMES", "function", "lua", "placeholders"]
 
-_FUNCTIONS = {"finalize": "finalize(", "keytypes": "wrong_type("}
+_FUNCTIONS = {"finalize": "finalize(", "keytypes": "wrong_type(", "result_head": "result_head("}
 
 SCRIPT_NAMES = (
     "write_results",
@@ -38,6 +38,7 @@ def placeholders() -> dict[str, str]:
     """`${...}` name -> value, from the enums."""
     names: dict[str, str] = {"done_token": DONE_TOKEN, "dup_prefix": DUPLICATE_FIELD_PREFIX}
     names["result_status"] = _result_field("status")
+    names["head_bytes"] = str(RESULT_HEAD_BYTES)
     names.update({f"F_{f.name}": f.value for f in JobField})
     names.update({f"S_{s.name}": s.value for s in JobStatus})
     names.update({f"R_{s.name}": s.value for s in Status})
@@ -57,8 +58,8 @@ def _source(name: str) -> str:
 
 
 def function(name: str) -> str:
-    """A shared function file (`finalize`, `keytypes`), placeholders filled: for tests that
-    call the function on its own."""
+    """A shared function file (`finalize`, `keytypes`, `result_head`), placeholders filled:
+    for tests that call the function on its own."""
     if name not in _FUNCTIONS:
         raise KeyError(name)
     return Template(_source(name)).substitute(placeholders())

@@ -1,11 +1,11 @@
 """How done offsets reach Kafka: a plain consumer commit, or one Kafka transaction that
 carries the results topic's records and the offsets together.
 
-Dead letters are flushed first either way: a record's offset never moves before its dead
-letter is durable. The consumer commit runs on the main thread (the consumer's owner).
-The transaction runs on a thread of its own, so publishing a commit's results (tens of
-microseconds of kafka-python per record) overlaps the main loop's polling and decoding
-instead of stalling it: `commit()` starts one and returns, `completed()` reports the
+Neither waits for dead letters: intake never offers an offset past a record whose letter
+is not sent yet (`worker.dead_letters`). The consumer commit runs on the main thread (the
+consumer's owner). The transaction runs on a thread of its own, so publishing a commit's
+results (tens of microseconds of kafka-python per record) overlaps the main loop's polling
+and decoding instead of stalling it: `commit()` starts one and returns, `completed()` reports the
 offsets of transactions that have committed since, and at most one is in flight.
 """
 
@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import TopicPartition
 
-from worker.dead_letters import DeadLetters
 from worker.kafka_io import RequestConsumer
 from worker.logs import log
 from worker.sinks.kafka_sink import KafkaResultsSink
@@ -59,14 +58,11 @@ class ConsumerCommitter:
 
     rewinds_to_commit = False
 
-    def __init__(self, consumer: RequestConsumer, dead_letters: DeadLetters | None) -> None:
+    def __init__(self, consumer: RequestConsumer) -> None:
         self._consumer = consumer
-        self._dead_letters = dead_letters
 
     def commit(self, offsets: Offsets, *, blocking: bool = True) -> bool:
         try:
-            if self._dead_letters is not None:
-                self._dead_letters.flush()
             if blocking:
                 self._consumer.commit(offsets)
             else:  # inside a rebalance callback (kafka-python's IO thread)
@@ -102,11 +98,9 @@ class TransactionalCommitter:
         self,
         consumer: RequestConsumer,
         sink: KafkaResultsSink,
-        dead_letters: DeadLetters | None,
     ) -> None:
         self._consumer = consumer
         self._sink = sink
-        self._dead_letters = dead_letters
         self._requests: queue.SimpleQueue[tuple[dict[TopicPartition, int], Any] | None] = (
             queue.SimpleQueue()
         )
@@ -136,8 +130,6 @@ class TransactionalCommitter:
                 return
             offsets, group = request
             try:
-                if self._dead_letters is not None:
-                    self._dead_letters.flush()
                 ok = self._sink.commit_transaction(offsets, group)
             except KafkaError as exc:
                 log.warning("commit_failed", error=str(exc))

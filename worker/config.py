@@ -91,6 +91,13 @@ class WorkerSettings(ConnectionSettings):
         description="Records taken from Kafka but not yet answered in Redis; past it the "
         "worker pauses its partitions (and keeps polling).",
     )
+    max_inflight_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="The same bound in bytes as received (values and keys of the records "
+        "in flight, and queued dead letters): past it fetching pauses too. A record costs "
+        "about 3.5x its bytes in memory while in flight.",
+    )
     resume_ratio: float = Field(
         0.75, gt=0, le=1, description="Resume fetching below max_inflight * resume_ratio."
     )
@@ -119,11 +126,38 @@ class WorkerSettings(ConnectionSettings):
     commit_interval_ms: float = Field(200.0, ge=0)
     poll_max_records: int = Field(2000, ge=1)
     write_batch_max: int = Field(512, ge=1, description="Results per Redis pipeline.")
+    write_batch_max_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="...and at most this many bytes of result JSON per pipeline (one larger "
+        "result goes alone).",
+    )
+    redis_stall_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="A Redis call that only times out (the server takes the connection but "
+        "does not answer in 5 s) for this long is a fault of the thread making it: the "
+        "worker stops (exit 70, liveness false) and the records it held get a strike. "
+        "Refused connections and not-now replies (BUSY, LOADING, MISCONF) are outages, "
+        "waited out for as long as they last.",
+    )
 
     # --- Kafka consumer
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     session_timeout_ms: int = 45_000
     max_poll_interval_ms: int = 300_000
+    isolation_level: Literal["read_committed", "read_uncommitted"] = Field(
+        "read_committed",
+        description="read_committed: records of an aborted Kafka transaction, or of one "
+        "still open, are not answered (the second once it commits). read_uncommitted only "
+        "for a producer that must be answered before its transaction ends.",
+    )
+    metadata_max_age_ms: int = Field(
+        5_000,
+        ge=100,
+        description="How often the consumer refreshes topic metadata: partitions added to "
+        "a topic are served within about this long (kafka-python's default is 5 min).",
+    )
     kafka_stall_timeout_s: float = Field(
         30.0,
         ge=0,
@@ -154,6 +188,21 @@ class WorkerSettings(ConnectionSettings):
         "conversation the same way); 0 = off.",
     )
     dead_letter: bool = Field(True, description="Send bad records to the DLQ topic.")
+    dlq_max_record_bytes: int = Field(
+        1_040_000,
+        ge=16_384,
+        description="Largest dead letter sent (value, key and headers; the DLQ topic's "
+        "max.message.bytes must allow it: Kafka's default 1,048,588 does, with room for "
+        "the batch's framing): a larger record goes there cut to its first bytes, marked "
+        "qbatch.value.truncated with its size in qbatch.value.bytes.",
+    )
+    dlq_give_up_s: float = Field(
+        60.0,
+        gt=0,
+        description="A dead letter not delivered for this long (a missing or unwritable "
+        "DLQ topic) is dropped, logged and counted (qbatch_dead_letters_lost_total); until "
+        "then its partition's commits wait for it.",
+    )
 
     # --- reply sinks
     redis_sink: bool = Field(
@@ -201,6 +250,8 @@ class WorkerSettings(ConnectionSettings):
             raise ValueError("no reply sink: keep --redis-sink or set --results-topic")
         if self.results_transactional and not self.results_topic:
             raise ValueError("--results-transactional needs --results-topic")
+        if self.results_transactional and self.isolation_level != "read_committed":
+            raise ValueError("--results-transactional needs --isolation-level read_committed")
         return self
 
     def lane_policies(self) -> list[LanePolicy]:

@@ -32,6 +32,7 @@ from worker.sinks.base import (
     SinkRefused,
     SinkUnavailable,
 )
+from worker.sinks.retrying import GiveUp, retrying
 from worker.supervision import Suspect
 
 LANE_PRIORITY_STRIDE = 2**32
@@ -61,7 +62,9 @@ class Dispatcher:
         stopping: threading.Event,
         health: SinkHealth,
         dead_letter: Callable[[Inbound, ContractError], None],
+        stall_s: float = 120.0,
     ) -> None:
+        self._stall_s = stall_s
         self.engine = engine
         self._renderer = renderer
         self.store = store
@@ -89,7 +92,7 @@ class Dispatcher:
             self.current = []
 
     def suspects(self) -> list[Suspect]:
-        return [(i.tp.topic, i.tp.partition, i.offset) for i in self.current]
+        return [item.record.suspect() for item in self.current]
 
     @property
     def running(self) -> int:
@@ -191,24 +194,31 @@ class Dispatcher:
             return 0
 
     def _admission(self, items: Sequence[Inbound]) -> Admission | None:
-        """The store's look-up, retried while it is unavailable (None: stop asked)."""
-        if self.store is None:
+        """The store's look-up, retried while it is unavailable (None: stop asked). A call
+        that only times out for `stall_s` stops the worker (`worker.sinks.retrying`)."""
+        store = self.store
+        if store is None:
             return NO_ADMISSION
         envelopes = [item.envelope for item in items]
-        delay = 0.05
-        while True:
+
+        def look_up() -> Admission:
             try:
-                admission = self.store.admission(envelopes)
-            except (SinkUnavailable, SinkRefused) as exc:
+                return store.admission(envelopes)
+            except SinkRefused as exc:
                 # A look-up cannot be split like a write: wait until the store answers.
-                self.health.failed(self.store, exc)
-                if self._stopping.is_set():
-                    return None
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            self.health.recovered(self.store)
-            return admission
+                raise SinkUnavailable(str(exc)) from exc
+
+        try:
+            return retrying(
+                store,
+                look_up,
+                health=self.health,
+                stopping=self._stopping.is_set,
+                give_up_after_s=0,
+                stall_s=self._stall_s,
+            )
+        except GiveUp:
+            return None
 
     def on_engine_done(self, output: EngineOutput) -> None:
         """Runs on an engine thread: hand over and return, the writer does the work."""

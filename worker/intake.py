@@ -19,9 +19,10 @@ from typing import Any
 
 from kafka.structs import TopicPartition
 
-from schemas import ContractError, ErrorCode, decode_request
-from schemas.ref import RequestRef
+from schemas import ContractError, decode_request
+from schemas.limits import MAX_ENVELOPE_BYTES
 from worker import failpoints, metrics
+from worker.bad_records import BadRecords
 from worker.batching import Batch, MicroBatcher
 from worker.commits import Committer
 from worker.config import WorkerSettings
@@ -30,8 +31,7 @@ from worker.kafka_io import RequestConsumer, time_in_kafka_s
 from worker.lanes import LaneGate, LaneLoad
 from worker.logs import log
 from worker.offsets import OffsetTracker
-from worker.records import DispatchQueue, Done, Finished, Inbound, Reply
-from worker.results import refused_result
+from worker.records import DispatchQueue, Done, Finished, Inbound, Reply, SourceRecord
 from worker.supervision import StrikeBook, Suspect, Verdict
 
 _QUEUE_POLL_S = 0.05
@@ -99,6 +99,9 @@ class Intake:
         self._last_lag = clock()
         self.current: Any = None
         """The record being accepted (what a fault in this loop is blamed on)."""
+        self.bad = BadRecords(dead_letters, results_q, worker_info)
+        self._keep_bytes = max(settings.dlq_max_record_bytes, MAX_ENVELOPE_BYTES)
+        """A record's value is kept whole up to this (every request that can run fits)."""
 
     # ------------------------------------------------------------------ one turn
 
@@ -128,33 +131,46 @@ class Intake:
         record = self.current
         if record is None:
             return []
-        return [(record.topic, record.partition, record.offset)]
+        return [SourceRecord.of(record, 0).suspect()]  # keep 0: only its checksum
 
     @property
     def in_flight(self) -> int:
         """Records taken and not yet answered; with transactional results, the results
         held for the next commit count too, but only beyond one max_inflight of them (a
         commit interval's worth of answered work must not pause intake, as it would at
-        8k results/s; memory stays bounded by 2 x max_inflight results)."""
+        8k results/s; memory stays bounded by 2 x max_inflight results); and dead letters
+        not sent yet (a DLQ that is down must not let them pile up)."""
         held = self._pending_in_sinks() - self.settings.max_inflight
-        return self.tracker.in_flight + max(0, held)
+        letters = self.dead_letters.pending() if self.dead_letters is not None else 0
+        return self.tracker.in_flight + max(0, held) + letters
+
+    @property
+    def in_flight_bytes(self) -> int:
+        """Bytes as received of the records in flight and of the dead letters not sent."""
+        letters = self.dead_letters.pending_bytes() if self.dead_letters is not None else 0
+        return self.tracker.in_flight_weight + letters
 
     def lane_of(self, topic: str) -> str:
         return self._lane_by_topic.get(topic, self.lanes[0].name)
 
-    def accept(self, record: Any, wall_ms: int) -> None:
-        tp = TopicPartition(record.topic, record.partition)
-        if not self.tracker.track(tp, record.offset):
+    def accept(self, consumed: Any, wall_ms: int) -> None:
+        """Take one record. Only a `SourceRecord` of it is kept past this call: never the
+        consumer's record object with its headers, nor more than `dlq_max_record_bytes` of
+        its value (memory per record in flight is bounded by its bytes, see there)."""
+        tp = TopicPartition(consumed.topic, consumed.partition)
+        record = SourceRecord.of(consumed, self._keep_bytes)
+        weight = record.size + len(record.key or b"")
+        if not self.tracker.track(tp, record.offset, weight=weight, at=self.clock()):
             return
         self._positions[tp] = record.offset + 1
         lane = self.lane_of(record.topic)
         self.lane_in_flight[lane] += 1
-        verdict = self.strikes.verdict(record.topic, record.partition, record.offset)
+        verdict = self.strikes.verdict(record)
         if verdict is Verdict.quarantine:
             self.quarantine(record, tp, lane, wall_ms)
             return
         try:
-            envelope = decode_request(record.value or b"", record.key)
+            envelope = decode_request(consumed.value or b"", record.key)
         except ContractError as error:
             self.reject(record, tp, error, wall_ms, lane)
             return
@@ -185,70 +201,20 @@ class Intake:
             self.dispatch(batch)
 
     def reject(
-        self, record: Any, tp: TopicPartition, error: ContractError, wall_ms: int, lane: str
+        self,
+        record: SourceRecord,
+        tp: TopicPartition,
+        error: ContractError,
+        wall_ms: int,
+        lane: str,
     ) -> None:
-        """Bad input: a failed result where a request is known, and the raw record to the DLQ."""
-        log.info(
-            "request_rejected",
-            request_id=error.request_id,
-            partition=record.partition,
-            offset=record.offset,
-            code=error.code.value,
-            error=error.message[:500],
-        )
-        self.dead_letter(record, error)
-        ref = error.ref
-        if ref is None:
-            self.results_q.put(
-                Reply(tp, record.offset, record, None, lane=lane, epoch=self.epochs.get(tp, 0))
-            )
-            metrics.REQUESTS.labels("failed", error.code.value).inc()
-            return
-        result = refused_result(
-            ref,
-            error.info(),
-            dequeued_ms=wall_ms,
-            finished_ms=_epoch_ms(),
-            worker=self._worker_info(),
-        )
-        self.results_q.put(
-            Reply(
-                tp,
-                record.offset,
-                record,
-                result,
-                ref.result_ttl_s,
-                lane=lane,
-                epoch=self.epochs.get(tp, 0),
-            )
-        )
+        self.bad.reject(record, error, wall_ms, lane=lane, epoch=self.epochs.get(tp, 0))
 
-    def quarantine(self, record: Any, tp: TopicPartition, lane: str, wall_ms: int) -> None:
-        """A record workers stopped on twice: not run again."""
-        metrics.QUARANTINED.inc()
-        message = (
-            "a worker stopped on an internal fault twice while handling this record; it is "
-            "not run again (see the dead-letter topic and the worker logs)"
-        )
-        try:
-            ref = decode_request(record.value or b"", record.key)
-            error = ContractError(message, code=ErrorCode.internal_error, ref=RequestRef.of(ref))
-        except ContractError as bad:
-            error = ContractError(message, code=ErrorCode.internal_error, ref=bad.ref)
-        except Exception:
-            error = ContractError(message, code=ErrorCode.internal_error)
-        log.error(
-            "record_quarantined",
-            request_id=error.request_id,
-            partition=record.partition,
-            offset=record.offset,
-        )
-        self.reject(record, tp, error, wall_ms, lane)
+    def quarantine(self, record: SourceRecord, tp: TopicPartition, lane: str, wall_ms: int) -> None:
+        self.bad.quarantine(record, wall_ms, lane=lane, epoch=self.epochs.get(tp, 0))
 
-    def dead_letter(self, record: Any, error: ContractError) -> None:
-        if self.dead_letters is not None:
-            self.dead_letters.send(record, error)
-            metrics.DEAD_LETTERED.labels(error.code.value).inc()
+    def dead_letter(self, record: SourceRecord, error: ContractError) -> None:
+        self.bad.dead_letter(record, error)
 
     def dispatch(self, batch: Batch[Inbound]) -> None:
         metrics.BATCH_SIZE.observe(len(batch.items))
@@ -283,9 +249,23 @@ class Intake:
         if not force and (now - self._last_commit) * 1000 < self.settings.commit_interval_ms:
             return
         self._last_commit = now
-        offsets = self.tracker.committable()
+        offsets = self.committable()
         if offsets:
             self.commit(offsets)
+
+    def committable(self) -> dict[TopicPartition, int]:
+        """What may be committed now: the contiguous done prefix of each partition, but
+        never past a record whose dead letter is not delivered (or given up) yet."""
+        offsets = self._capped(self.tracker.committable())
+        return {tp: off for tp, off in offsets.items() if self.tracker.advances(tp, off)}
+
+    def _capped(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        if self.dead_letters is None or not offsets:
+            return offsets
+        for tp, held_at in self.dead_letters.holds().items():
+            if tp in offsets:
+                offsets[tp] = min(offsets[tp], held_at)
+        return offsets
 
     def commit(self, offsets: dict[TopicPartition, int], *, blocking: bool = True) -> None:
         if self.committer.commit(offsets, blocking=blocking):
@@ -299,18 +279,25 @@ class Intake:
     # ------------------------------------------------------------------ flow control
 
     def apply_backpressure(self) -> None:
-        in_flight = self.in_flight
+        in_flight, in_bytes = self.in_flight, self.in_flight_bytes
         metrics.IN_FLIGHT.set(in_flight)
+        metrics.IN_FLIGHT_BYTES.set(in_bytes)
         sinks_ok = self._sinks_ok()
+        settings = self.settings
         if not self.consumer.paused:
-            if in_flight >= self.settings.max_inflight or not sinks_ok:
+            full = in_flight >= settings.max_inflight or in_bytes >= settings.max_inflight_bytes
+            if full or not sinks_ok:
                 self.consumer.pause()
                 metrics.PAUSED.set(1)
-                log.info("fetch_paused", in_flight=in_flight, sinks_ok=sinks_ok)
-        elif sinks_ok and in_flight <= self.settings.resume_below:
+                log.info("fetch_paused", in_flight=in_flight, bytes=in_bytes, sinks_ok=sinks_ok)
+        elif (
+            sinks_ok
+            and in_flight <= settings.resume_below
+            and in_bytes <= settings.max_inflight_bytes * settings.resume_ratio
+        ):
             self.consumer.resume()
             metrics.PAUSED.set(0)
-            log.info("fetch_resumed", in_flight=in_flight)
+            log.info("fetch_resumed", in_flight=in_flight, bytes=in_bytes)
         self.apply_lanes()
 
     def lane_loads(self) -> dict[str, LaneLoad]:
@@ -343,6 +330,8 @@ class Intake:
         self._last_lag = now
         for tp, lag in self.consumer.lag(self._positions).items():
             metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(lag)
+        oldest = self.tracker.oldest_uncommitted()
+        metrics.OLDEST_UNCOMMITTED.set(0 if oldest is None else max(0.0, now - oldest))
         self._report_engine()
 
     # ------------------------------------------------------------------ rebalance
@@ -390,7 +379,9 @@ class Intake:
                 self._rewind[tp] = offset
         for tp in revoked:
             self.lane_in_flight[self.lane_of(tp.topic)] -= self.tracker.in_flight_for(tp)
-        final = self.tracker.revoke(revoked)
+        final = self._capped(self.tracker.revoke(revoked))
+        if self.dead_letters is not None:  # their letters go on, holding nothing here
+            self.dead_letters.release(revoked)
         for tp in revoked:
             self._positions.pop(tp, None)
             with contextlib.suppress(KeyError):
@@ -450,6 +441,8 @@ class Intake:
             self.maybe_commit()
             self.consumer.poll(0, 1)  # keep the group membership alive while draining
         self.absorb_written()
+        if self.dead_letters is not None:  # the letters' offsets commit once they are sent
+            self.dead_letters.settle(timeout_s=max(1.0, min(10.0, deadline - self.clock())))
         self._committed(self.committer.settle(timeout_s=30))
         self.maybe_commit(force=True)  # a transactional commit runs in the background:
         self._committed(self.committer.settle(timeout_s=30))  # ... wait for it

@@ -26,6 +26,7 @@ from tenacity import (
 )
 
 from schemas.kafka_compat import (
+    cap_record_headers,
     consumer_state,
     partition_states,
     resume_partitions,
@@ -33,6 +34,8 @@ from schemas.kafka_compat import (
 )
 from worker.config import WorkerSettings
 from worker.logs import log
+
+cap_record_headers()  # a record's headers cost memory without bound (kafka_compat, 5)
 
 Partitions = Callable[[set[TopicPartition]], None]
 RECONNECT_BACKOFF_MAX_MS = 2_000
@@ -123,13 +126,15 @@ class RequestConsumer:
             # again (tests/reliability, kafka outage). 2 s caps that wait.
             reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
             client_id=f"qbatch-{settings.worker_id}",
-            # With transactional results, offsets are committed inside transactions: a
-            # read_committed consumer fetches committed offsets with require_stable
-            # (KIP-447), so a new owner waits for a pending transaction instead of
-            # reading the offsets before it and running its records again.
-            isolation_level=(
-                "read_committed" if settings.results_transactional else "read_uncommitted"
-            ),
+            # read_committed (the default): a record of an aborted transaction is never
+            # answered, one of an open transaction only once it commits. With
+            # transactional results it is required: offsets are committed inside
+            # transactions, and a read_committed consumer fetches committed offsets with
+            # require_stable (KIP-447), so a new owner waits for a pending transaction
+            # instead of reading the offsets before it and running its records again.
+            isolation_level=settings.isolation_level,
+            # new partitions of a topic are seen at the next metadata refresh
+            metadata_max_age_ms=settings.metadata_max_age_ms,
             **settings.kafka_kwargs(),
         )
         self._watch_fetches(consumer)

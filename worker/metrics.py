@@ -100,9 +100,33 @@ TOKENS_PER_SECOND = Gauge(
     "Completion tokens per second over the last metrics interval.",
     registry=REGISTRY,
 )
+DEAD_LETTERS_PENDING = Gauge(
+    "qbatch_dead_letters_pending",
+    "Dead letters queued and not yet delivered (their partitions' commits wait for them).",
+    registry=REGISTRY,
+)
+DEAD_LETTERS_LOST = Counter(
+    "qbatch_dead_letters_lost_total",
+    "Dead-letter copies dropped after dlq_give_up_s of failed sends (the requests were "
+    "answered; only the copies are lost).",
+    registry=REGISTRY,
+)
 IN_FLIGHT = Gauge(
     "qbatch_in_flight_requests",
     "Records taken from Kafka whose result is not yet written.",
+    registry=REGISTRY,
+)
+IN_FLIGHT_BYTES = Gauge(
+    "qbatch_in_flight_bytes",
+    "Bytes (as received) of the records in flight and of queued dead letters; fetching "
+    "pauses past max_inflight_bytes.",
+    registry=REGISTRY,
+)
+OLDEST_UNCOMMITTED = Gauge(
+    "qbatch_oldest_uncommitted_seconds",
+    "Age of the oldest record taken from Kafka whose offset is not committed yet, over the "
+    "assigned partitions (0 when everything taken is committed): stuck commits show here, "
+    "while qbatch_consumer_lag counts from the fetch position.",
     registry=REGISTRY,
 )
 PENDING_WRITES = Gauge(

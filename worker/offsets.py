@@ -22,6 +22,7 @@ from typing import Generic, TypeVar
 __all__ = ["OffsetTracker"]
 
 K = TypeVar("K", bound=Hashable)
+TAKEN_RESOLUTION_S = 1.0
 
 
 @dataclass(slots=True)
@@ -29,8 +30,14 @@ class _Partition:
     # Tracked offsets in increasing order, from the lowest still in flight onwards; done
     # offsets behind that head have already been popped.
     order: deque[int] = field(default_factory=deque)
-    # Tracked offsets not yet done. Invariant: order is empty or order[0] is in pending.
-    pending: set[int] = field(default_factory=set)
+    # Tracked offsets not yet done, with their weights (bytes). Invariant: order is empty or
+    # order[0] is in pending.
+    pending: dict[int, int] = field(default_factory=dict)
+    # (offset, when it was tracked) of tracked offsets not yet covered by a commit, at most
+    # one entry per TAKEN_RESOLUTION_S (memory bounded by time, not by records): an entry
+    # stands for the offsets from its own to the next entry's, so the head's time is at
+    # most that much older than the oldest uncommitted record's.
+    taken: deque[tuple[int, float]] = field(default_factory=deque)
     highest: int | None = None
     committed: int | None = None
     first: int | None = None
@@ -56,6 +63,7 @@ class OffsetTracker(Generic[K]):
     def __init__(self) -> None:
         self._parts: dict[K, _Partition] = {}
         self._in_flight = 0
+        self._in_flight_weight = 0
 
     # -- assignment -----------------------------------------------------------------------
 
@@ -110,6 +118,7 @@ class OffsetTracker(Generic[K]):
             if state is None:
                 continue
             self._in_flight -= len(state.pending)
+            self._in_flight_weight -= sum(state.pending.values())
             offset = state.commit_offset()
             if offset is not None and (state.committed is None or offset > state.committed):
                 final[p] = offset
@@ -124,8 +133,11 @@ class OffsetTracker(Generic[K]):
 
     # -- records --------------------------------------------------------------------------
 
-    def track(self, partition: K, offset: int) -> bool:
+    def track(self, partition: K, offset: int, *, weight: int = 0, at: float = 0.0) -> bool:
         """Records that ``offset`` was received; False means "already seen, skip it".
+
+        ``weight`` (its bytes) counts in :attr:`in_flight_weight` until it is done; ``at``
+        (when it was taken) dates it for :meth:`oldest_uncommitted` until a commit covers it.
 
         Within one assignment, offsets arrive in increasing order per partition, so an
         offset at or below the highest tracked one is a redelivery (e.g. the consumer
@@ -144,8 +156,11 @@ class OffsetTracker(Generic[K]):
             state.first = offset
         state.highest = offset
         state.order.append(offset)
-        state.pending.add(offset)
+        state.pending[offset] = weight
+        if not state.taken or at - state.taken[-1][1] >= TAKEN_RESOLUTION_S:
+            state.taken.append((offset, at))
         self._in_flight += 1
+        self._in_flight_weight += weight
         return True
 
     def done(self, partition: K, offset: int) -> bool:
@@ -157,7 +172,7 @@ class OffsetTracker(Generic[K]):
         state = self._parts.get(partition)
         if state is None or offset not in state.pending:
             return False
-        state.pending.remove(offset)
+        self._in_flight_weight -= state.pending.pop(offset)
         self._in_flight -= 1
         order = state.order
         while order and order[0] not in state.pending:
@@ -184,6 +199,11 @@ class OffsetTracker(Generic[K]):
                 out[p] = offset
         return out
 
+    def advances(self, partition: K, offset: int) -> bool:
+        """Whether committing ``offset`` would move ``partition``'s commit forward."""
+        state = self._parts.get(partition)
+        return state is not None and (state.committed is None or offset > state.committed)
+
     def mark_committed(self, offsets: Mapping[K, int]) -> None:
         """Records a successful commit, so the same offsets are not offered again.
 
@@ -196,6 +216,18 @@ class OffsetTracker(Generic[K]):
                 continue
             if state.committed is None or offset > state.committed:
                 state.committed = offset
+            taken = state.taken
+            while len(taken) > 1 and taken[1][0] <= state.committed:
+                taken.popleft()
+            if state.highest is not None and state.committed > state.highest:
+                taken.clear()
+
+    def oldest_uncommitted(self) -> float | None:
+        """When the oldest tracked record not covered by a commit was taken (the ``at`` it
+        was tracked with), over all held partitions; None when every one is committed.
+        Stuck commits show here even while every record is answered."""
+        heads = [state.taken[0][1] for state in self._parts.values() if state.taken]
+        return min(heads, default=None)
 
     # -- backpressure ---------------------------------------------------------------------
 
@@ -203,6 +235,11 @@ class OffsetTracker(Generic[K]):
     def in_flight(self) -> int:
         """Records tracked but not done, over all held partitions."""
         return self._in_flight
+
+    @property
+    def in_flight_weight(self) -> int:
+        """The summed weights (bytes) of the records tracked but not done."""
+        return self._in_flight_weight
 
     def in_flight_for(self, partition: K) -> int:
         """Records tracked but not done for one partition (0 if not held)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import queue
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +24,70 @@ from worker.rendering import RenderedPrompt
 
 
 @dataclass(slots=True)
+class SourceRecord:
+    """What the worker keeps of a Kafka record while its request is in flight: where it
+    came from and its bytes, for a dead letter and for the strike rule.
+
+    Not kafka-python's record object: that one holds every header the producer sent
+    (500,000 empty headers in a 1 MB record cost 35 MB of Python objects each), and a
+    decompressed value of any size (a 100 KB gzip record can hold 100 MB). The value is
+    kept whole up to `keep` bytes (requests are under 1 MB, so every record that runs
+    keeps its bytes), else only its first `keep` bytes, with its size and checksum.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    size: int
+    """The value's length as received (`len(value)` unless it was cut)."""
+    timestamp: int | None = None
+    _crc: int | None = None
+
+    @classmethod
+    def of(cls, record: Any, keep: int) -> SourceRecord:
+        value = record.value if record.value is not None else b""
+        source = cls(
+            record.topic,
+            record.partition,
+            record.offset,
+            record.key,
+            value[:keep] if len(value) > keep else value,
+            len(value),
+            record.timestamp,
+        )
+        if source.cut:
+            source._crc = _checksum(record.key, value)
+        return source
+
+    @property
+    def cut(self) -> bool:
+        return len(self.value) < self.size
+
+    def suspect(self) -> tuple[str, int, int, int]:
+        """Its name for the strike rule (`worker.supervision.Suspect`)."""
+        return (self.topic, self.partition, self.offset, self.checksum())
+
+    def checksum(self) -> int:
+        """CRC-32 of key and value as received (computed when first asked: only the strike
+        rule asks, for records with strikes)."""
+        if self._crc is None:
+            self._crc = _checksum(self.key, self.value)
+        return self._crc
+
+
+def _checksum(key: bytes | None, value: bytes) -> int:
+    return zlib.crc32(value, zlib.crc32(key or b""))
+
+
+@dataclass(slots=True)
 class Inbound:
     """A decoded record waiting for, or inside, a micro-batch."""
 
     tp: TopicPartition
     offset: int
-    record: Any
+    record: SourceRecord
     envelope: RequestEnvelope
     dequeued_ms: int
     lane: str = "interactive"
@@ -68,7 +127,7 @@ class Reply:
 
     tp: TopicPartition
     offset: int
-    record: Any
+    record: SourceRecord | None
     result: ResultEnvelope | None
     ttl_s: int = 86_400
     lane: str = "interactive"
@@ -89,6 +148,14 @@ class Reply:
             cached = (id(self.result), self.result.model_dump_json(exclude_none=True).encode())
             self._encoded = cached
         return cached[1]
+
+    def size(self) -> int:
+        """Bytes this reply sends: its result's JSON (made now, once) or its turn's."""
+        if self.result is not None:
+            return len(self.encoded())
+        if self.turn is not None:
+            return len(self.encoded_turn())
+        return 0
 
     def encoded_turn(self) -> bytes:
         """The turn event's JSON, made once (the writer checks its size first)."""
@@ -127,4 +194,4 @@ class DispatchQueue:
         return self._q.qsize()
 
 
-__all__ = ["DispatchQueue", "Done", "Finished", "Inbound", "Reply", "Running"]
+__all__ = ["DispatchQueue", "Done", "Finished", "Inbound", "Reply", "Running", "SourceRecord"]

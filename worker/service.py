@@ -103,6 +103,7 @@ class Worker:
             stopping=self._stop,
             health=self.health,
             dead_letter=lambda item, error: self.intake.dead_letter(item.record, error),
+            stall_s=settings.redis_stall_timeout_s,
         )
         self.writer = Writer(
             self.sinks,
@@ -117,6 +118,8 @@ class Worker:
             health=self.health,
             turn_max_bytes=settings.tool_calls_max_record_bytes,
             fingerprint=lambda: self.engine.fingerprint,
+            chunk_max_bytes=settings.write_batch_max_bytes,
+            stall_s=settings.redis_stall_timeout_s,
         )
         self._threads: list[threading.Thread] = []
         self.on_stop: Callable[[], None] = lambda: None
@@ -125,8 +128,8 @@ class Worker:
     def _committer(self) -> Committer:
         kafka = next((s for s in self.sinks if isinstance(s, KafkaResultsSink)), None)
         if kafka is not None and kafka.transactional:
-            return TransactionalCommitter(self.consumer, kafka, self.dead_letters)
-        return ConsumerCommitter(self.consumer, self.dead_letters)
+            return TransactionalCommitter(self.consumer, kafka)
+        return ConsumerCommitter(self.consumer)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from schemas.redis_conn import reply_text
 from worker.logs import log
@@ -27,8 +27,10 @@ from worker.logs import log
 QUARANTINE_AFTER = 2
 STRIKES_TTL_S = 7 * 86_400
 
-Suspect = tuple[str, int, int]
-"""(topic, partition, offset) of a record."""
+Suspect = tuple[str, int, int, int]
+"""(topic, partition, offset, CRC-32 of key and value) of a record: its content is part of
+its name, so a topic deleted and created again starts clean (an ordinary request at a
+quarantined offset of the old topic was failed unrun)."""
 
 
 class Verdict(StrEnum):
@@ -37,37 +39,57 @@ class Verdict(StrEnum):
     quarantine = "quarantine"
 
 
+class Checked(Protocol):
+    topic: str
+    partition: int
+    offset: int
+
+    def checksum(self) -> int: ...
+
+
 @dataclass(slots=True)
 class StrikeBook:
     """Strike counts per record, and what they mean."""
 
-    counts: dict[Suspect, int] = field(default_factory=dict)
+    counts: dict[tuple[str, int, int], dict[int | None, int]] = field(default_factory=dict)
+    """(topic, partition, offset) -> checksum -> strikes. Checksum None: an entry written
+    before strikes named the content (it matches any record at that place)."""
 
-    def verdict(self, topic: str, partition: int, offset: int) -> Verdict:
-        strikes = self.counts.get((topic, partition, offset), 0)
+    def verdict(self, record: Checked) -> Verdict:
+        """The record's checksum is computed only when its place has strikes (rare)."""
+        at = self.counts.get((record.topic, record.partition, record.offset))
+        if not at:
+            return Verdict.run
+        strikes = at.get(None, 0) + at.get(record.checksum(), 0)
         if strikes >= QUARANTINE_AFTER:
             return Verdict.quarantine
         return Verdict.isolate if strikes else Verdict.run
 
     def add(self, suspects: Iterable[Suspect]) -> list[Suspect]:
         added = list(dict.fromkeys(suspects))
-        for suspect in added:
-            self.counts[suspect] = self.counts.get(suspect, 0) + 1
+        for topic, partition, offset, checksum in added:
+            at = self.counts.setdefault((topic, partition, offset), {})
+            at[checksum] = at.get(checksum, 0) + 1
         return added
 
     @staticmethod
     def field_of(suspect: Suspect) -> str:
-        topic, partition, offset = suspect
-        return f"{topic}/{partition}/{offset}"
+        topic, partition, offset, checksum = suspect
+        return f"{topic}/{partition}/{offset}/{checksum:08x}"
 
     @staticmethod
-    def parse(name: str) -> Suspect | None:
-        topic, _, rest = name.rpartition("/")
-        topic, _, partition = topic.rpartition("/")
+    def parse(name: str) -> tuple[str, int, int, int | None] | None:
+        """A field's (topic, partition, offset, checksum); None for what is not one. Topic
+        names hold no `/`, so three parts are an entry of the release before checksums."""
+        parts = name.split("/")
         try:
-            return (topic, int(partition), int(rest)) if topic else None
+            if len(parts) == 4 and parts[0]:
+                return parts[0], int(parts[1]), int(parts[2]), int(parts[3], 16)
+            if len(parts) == 3 and parts[0]:
+                return parts[0], int(parts[1]), int(parts[2]), None
         except ValueError:
             return None
+        return None
 
 
 class StrikeStore:
@@ -87,10 +109,10 @@ class StrikeStore:
             log.warning("strikes_unreadable", error=str(exc))
             return book
         for name, count in raw.items():
-            name = reply_text(name)
-            suspect = StrikeBook.parse(name)
-            if suspect is not None:
-                book.counts[suspect] = int(count)
+            parsed = StrikeBook.parse(reply_text(name))
+            if parsed is not None:
+                topic, partition, offset, checksum = parsed
+                book.counts.setdefault((topic, partition, offset), {})[checksum] = int(count)
         return book
 
     def record(self, suspects: Iterable[Suspect]) -> None:

@@ -44,7 +44,7 @@ from producer.tools.registry import ToolRegistry
 from producer.tools.runner import PendingCall, run_calls
 from schemas import ConnectionSettings, ContractError, ErrorCode, ErrorInfo, RequestEnvelope, dlq
 from schemas.decode import encode_request
-from schemas.kafka_compat import repair_idempotent_reset
+from schemas.kafka_compat import cap_record_headers, repair_idempotent_reset
 from schemas.limits import MAX_ENVELOPE_BYTES
 from schemas.redis_conn import connect, mget
 from schemas.tool_events import ToolTurnEvent
@@ -52,6 +52,8 @@ from schemas.tool_loop import CallRecord, LoopState
 from worker import metrics
 from worker.health import ServiceState as ExecutorState
 from worker.logs import log
+
+cap_record_headers()  # a record's headers cost memory without bound (kafka_compat, 5)
 
 T = TypeVar("T")
 

@@ -9,7 +9,9 @@ What no retry can fix is contained to the replies it concerns: a sink that refus
 chunk (`SinkRefused`) has it split in halves until the refused replies stand alone; each
 of those, like a reply the store answers `wrong_type`, gets a `failed` result where one
 can be written and goes to the dead-letter topic. What waiting fixes (`SinkUnavailable`)
-is retried with capped backoff while intake pauses; results stay queued meanwhile.
+is retried with capped backoff while intake pauses; results stay queued meanwhile. A
+chunk holds at most `write_batch_max` replies and `write_batch_max_bytes` of result JSON
+(one larger result goes alone): a chunk's memory and its script's run time are bounded.
 """
 
 from __future__ import annotations
@@ -27,15 +29,12 @@ from worker.dead_letters import DeadLetters
 from worker.logs import log
 from worker.records import Done, Finished, Reply
 from worker.results import duplicate_result, finished_result
-from worker.sinks.base import ReplySink, SinkHealth, SinkRefused, SinkUnavailable
+from worker.sinks.base import ReplySink, SinkHealth, SinkRefused
+from worker.sinks.retrying import GiveUp, retrying
 from worker.supervision import Suspect
 
 T = TypeVar("T")
 _QUEUE_POLL_S = 0.05
-
-
-class GiveUp(Exception):
-    """Stopping, and the drain deadline passed while a sink was unavailable."""
 
 
 class Writer:
@@ -54,7 +53,11 @@ class Writer:
         health: SinkHealth,
         turn_max_bytes: int = 1_000_000,
         fingerprint: Callable[[], str | None] = lambda: None,
+        chunk_max_bytes: int = 32 * 1024 * 1024,
+        stall_s: float = 120.0,
     ) -> None:
+        self._chunk_max_bytes = chunk_max_bytes
+        self._stall_s = stall_s
         self._turn_max_bytes = turn_max_bytes
         self._fingerprint = fingerprint
         self.sinks = list(sinks)
@@ -91,8 +94,9 @@ class Writer:
                     self.closed = True
                     continue
             chunk = [self._reply(first)]
+            size = chunk[0].size()
             if not chunk[0].isolate:
-                while len(chunk) < self.chunk_max:
+                while len(chunk) < self.chunk_max and size < self._chunk_max_bytes:
                     try:
                         more = self.inbox.get_nowait()
                     except queue.Empty:
@@ -101,10 +105,11 @@ class Writer:
                         self.closed = True
                         break
                     reply = self._reply(more)
-                    if reply.isolate:
-                        held = reply
+                    if reply.isolate or size + reply.size() > self._chunk_max_bytes:
+                        held = reply  # it starts the next chunk
                         break
                     chunk.append(reply)
+                    size += reply.size()
             self.current = chunk
             failpoints.hit(
                 "write", [r.result.request_id for r in chunk if r.result and r.result.ok]
@@ -116,7 +121,7 @@ class Writer:
             self.current = []
 
     def suspects(self) -> list[Suspect]:
-        return [(r.tp.topic, r.tp.partition, r.offset) for r in self.current]
+        return [r.record.suspect() for r in self.current if r.record is not None]
 
     def _reply(self, item: Reply | Finished) -> Reply:
         if isinstance(item, Reply):
@@ -329,27 +334,17 @@ class Writer:
     # ------------------------------------------------------------------ retries
 
     def _retrying(self, sink: ReplySink, call: Callable[[], T]) -> T:
-        """Retry `call` with capped exponential backoff while `sink` is unavailable.
-
-        Gives up (`GiveUp`) only when the worker is stopping and the drain deadline has
-        passed; the chunk's offsets are then not marked done, so it is redelivered.
-        """
-        delay = 0.05
-        give_up_at: float | None = None
-        while True:
-            try:
-                value = call()
-            except SinkUnavailable as exc:
-                self.health.failed(sink, exc)
-                if self._stopping():
-                    give_up_at = give_up_at or time.monotonic() + self._drain_timeout_s
-                    if time.monotonic() > give_up_at:
-                        raise GiveUp from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            self.health.recovered(sink)
-            return value
+        """`call`, retried while `sink` is unavailable (`worker.sinks.retrying`): gives up
+        only when stopping past the drain deadline (the chunk is then redelivered), and
+        stops the worker on a call that did nothing but time out for the stall limit."""
+        return retrying(
+            sink,
+            call,
+            health=self.health,
+            stopping=self._stopping,
+            give_up_after_s=self._drain_timeout_s,
+            stall_s=self._stall_s,
+        )
 
 
 def _observe(result: ResultEnvelope, now_ms: int, lane: str) -> None:
@@ -370,4 +365,4 @@ def _epoch_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-__all__ = ["GiveUp", "Writer"]
+__all__ = ["Writer"]

@@ -23,8 +23,13 @@ for i = 3, #ARGV - 2, 3 do
 end
 if n > 0 then
   redis.call('HSET', jkey, '${F_updated_at}', now)
-  for _, key in ipairs({jkey, skey, ckey}) do
-    if redis.call('TTL', key) < ttl then redis.call('EXPIRE', key, ttl) end
+  if redis.call('TTL', jkey) < ttl then redis.call('EXPIRE', jkey, ttl) end
+  -- the counted set lives as long as the job: a request redelivered after its result
+  -- expired must still find itself counted (a set that expired with the results would
+  -- count it again)
+  local job_ttl = redis.call('TTL', jkey)
+  for _, key in ipairs({skey, ckey}) do
+    if redis.call('TTL', key) < job_ttl then redis.call('EXPIRE', key, job_ttl) end
   end
   finalize(jkey)
 end

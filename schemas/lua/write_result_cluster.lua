@@ -4,7 +4,8 @@
 -- returned 1 or 0, so a crash between the two is mended by the redelivery.
 -- KEYS: result, done. ARGV: json, ttl, job_id ('' = no job).
 -- Returns {1, ''} written now; {0, status} a result of the same job (or no job to tell)
--- was there, with its status; {3, ''} a result of ANOTHER job was there;
+-- was there, with its status ('' for a result written before the envelope's fields were
+-- ordered for result_head: the caller reads that one itself); {3, ''} a result of ANOTHER job was there;
 -- 'wrongtype <role> <type>' a key holds another type, nothing written.
 local rkey, dkey = KEYS[1], KEYS[2]
 local ttl, job = tonumber(ARGV[2]), ARGV[3]
@@ -17,11 +18,6 @@ if redis.call('SET', rkey, ARGV[1], 'NX', 'EX', ttl) then
   redis.call('EXPIRE', dkey, ttl)
   return {1, ''}
 end
-local ok, existing = pcall(cjson.decode, redis.call('GET', rkey))
-local other, status = '', ''
-if ok and type(existing) == 'table' then
-  if type(existing['job_id']) == 'string' then other = existing['job_id'] end
-  if type(existing['${result_status}']) == 'string' then status = existing['${result_status}'] end
-end
+local other, status = result_head(rkey)
 if job ~= '' and other ~= job then return {3, ''} end
 return {0, status}

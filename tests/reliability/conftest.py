@@ -96,14 +96,14 @@ def produce(
     **kafka_kwargs: Any,
 ) -> None:
     """Send `records` to `topic` (default: the lane's interactive topic) and flush."""
-    producer = KafkaProducer(
-        bootstrap_servers=lane.bootstrap,
-        linger_ms=20,
-        batch_size=256 * 1024,
-        acks="all",
-        max_request_size=2_000_000,
+    config: dict[str, Any] = {
+        "linger_ms": 20,
+        "batch_size": 256 * 1024,
+        "acks": "all",
+        "max_request_size": 2_000_000,
         **kafka_kwargs,
-    )
+    }
+    producer = KafkaProducer(bootstrap_servers=lane.bootstrap, **config)
     try:
         for key, value in records:
             producer.send(topic or lane.topic, key=key, value=value)

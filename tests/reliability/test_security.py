@@ -56,7 +56,7 @@ WORKER_COMMANDS = [
     "ping", "evalsha", "eval", "script|load", "script|exists",
     # called from the Lua scripts (checked against the ACL too)
     "exists", "set", "rpush", "expire", "ttl", "hincrby", "hset", "hmget", "xadd",
-    "type", "get", "hsetnx",
+    "type", "get", "hsetnx", "getrange", "sadd", "sismember",
     # poison-pill strikes (read at start, written after a thread fault)
     "hgetall",
 ]  # fmt: skip

@@ -194,3 +194,54 @@ def test_the_listener_routes_a_loss() -> None:
     plain = _Listener(lambda p: calls.append(("revoked", p)), lambda p: None)
     plain.on_partitions_lost([TP])  # no loss handler: handled as a revoke
     assert calls[-1] == ("revoked", {TP})
+
+
+class Letters:
+    """worker.dead_letters.DeadLetters' side that intake sees: the offsets held."""
+
+    def __init__(self) -> None:
+        self.held: dict[TopicPartition, int] = {}
+
+    def holds(self) -> dict[TopicPartition, int]:
+        return dict(self.held)
+
+    def release(self, partitions: set[TopicPartition]) -> None:
+        for tp in partitions:
+            self.held.pop(tp, None)
+
+    def pending(self) -> int:
+        return len(self.held)
+
+    def pending_bytes(self) -> int:
+        return 0
+
+    def settle(self, timeout_s: float) -> bool:
+        return not self.held
+
+
+def test_a_letter_not_sent_holds_its_partition_and_only_while_it_is_owned() -> None:
+    """Issue 39: commits stop at a record whose dead letter is not delivered (not past it,
+    as a flush failing before each commit once stopped every partition); a revoke commits
+    up to it and lets go, so the partition coming back (after another member committed
+    further) never commits below the group's offset."""
+    consumer, committer, letters = Consumer(), PlainCommitter(), Letters()
+    it = intake(committer, consumer)
+    it.dead_letters = letters  # type: ignore[assignment]
+    other = TopicPartition("qbatch.requests", 1)
+    consumer.owned = {TP, other}
+    it.on_assigned({TP, other})
+    for offset in range(10):
+        it.tracker.track(TP, offset)
+        it.tracker.track(other, offset)
+    it._mark_done([(tp, offset, 0) for tp in (TP, other) for offset in range(10)])
+    letters.held = {TP: 4}
+    assert it.committable() == {TP: 4, other: 10}
+    it.maybe_commit(force=True)
+    assert committer.commits[-1] == ({TP: 4, other: 10}, True)
+    assert it.committable() == {}  # nothing new until the letter is sent
+    it.on_revoked({TP, other})
+    assert letters.held == {}  # let go: the next owner reads the record again
+    it.on_assigned({TP})  # back, after the group's offset moved on (to 500, say)
+    it.tracker.track(TP, 500)
+    it._mark_done([(TP, 500, 1)])
+    assert it.committable() == {TP: 501}

@@ -67,11 +67,43 @@ def test_a_cluster_failing_over_is_an_outage_not_a_refusal(exc: Exception) -> No
         call(fail)
 
 
-def test_a_real_refusal_stays_a_refusal() -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        "WRONGTYPE Operation against a key holding the wrong kind of value",
+        "value is not an integer or out of range",  # ERR, stripped by redis-py
+        "Error running script (call to f_0123): @user_script:3: bad argument",
+    ],
+)
+def test_a_real_refusal_stays_a_refusal(text: str) -> None:
     def fail() -> None:
-        raise redis.exceptions.ResponseError("WRONGTYPE Operation against a key")
+        raise redis.exceptions.ResponseError(text)
 
     with pytest.raises(SinkRefused):
+        call(fail)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to "
+        "persist to disk.",
+        "NOREPLICAS Not enough good replicas to write.",
+        "UNBLOCKED client unblocked via CLIENT UNBLOCK",
+        "SOMENEWSTATE a code this release does not know",
+    ],
+)
+def test_a_reply_that_says_not_now_is_an_outage(text: str) -> None:
+    """Issue 39: BUSY (another client's script past busy-reply-threshold) and MISCONF (a
+    failed RDB/AOF write) were refusals: each result in flight was answered `failed`, that
+    write failed too, and the offsets were committed: 40 of 40 and 50 of 50 results lost.
+    Any code but the data ones (WRONGTYPE, ...) names a server state that passes."""
+
+    def fail() -> None:
+        raise redis.exceptions.ResponseError(text)
+
+    with pytest.raises(SinkUnavailable):
         call(fail)
 
 

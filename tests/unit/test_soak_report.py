@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from tests.reliability.soak_report import job_verdict, recovery_times
+from tests.reliability.soak_report import job_verdict, recovery_times, statuses_of
 
 
 def result(status: str) -> bytes:
@@ -19,7 +19,7 @@ def test_a_job_whose_books_match_its_results_passes() -> None:
         3,
         {"status": "cancelled", "total": "3", "succeeded": "2", "cancelled": "1"},
         3,
-        results,
+        statuses_of(results),
     )
     assert problems == []
     assert row == {
@@ -35,7 +35,7 @@ def test_a_job_whose_books_match_its_results_passes() -> None:
 def test_every_way_a_jobs_books_can_be_wrong_is_named() -> None:
     results = {"j.1": result("succeeded"), "j.2": result("failed"), "other.1": result("failed")}
     # a counter short of the results, a total off by one, a stream entry missing
-    _, problems = job_verdict("j", 2, {"total": "3", "succeeded": "1"}, 1, results)
+    _, problems = job_verdict("j", 2, {"total": "3", "succeeded": "1"}, 1, statuses_of(results))
     assert len(problems) == 3
     assert "counters" in problems[0] and "'failed': 1" in problems[0]
     assert problems[1] == "job j: total 3 counted 1"
@@ -44,7 +44,7 @@ def test_every_way_a_jobs_books_can_be_wrong_is_named() -> None:
 
 def test_a_line_without_a_result_is_a_counter_mismatch() -> None:
     _, problems = job_verdict(
-        "j", 2, {"total": "2", "succeeded": "2"}, 2, {"j.1": result("succeeded")}
+        "j", 2, {"total": "2", "succeeded": "2"}, 2, statuses_of({"j.1": result("succeeded")})
     )
     assert problems == [
         "job j: counters {'succeeded': 2, 'failed': 0, 'expired': 0, 'cancelled': 0} but results {'succeeded': 1}"

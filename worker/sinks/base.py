@@ -34,6 +34,12 @@ from worker.records import Reply
 class SinkUnavailable(Exception):
     """Transient: retry the same chunk later."""
 
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+        """The server took the request but did not answer in time (see `worker.sinks.
+        retrying.Stalled`), rather than refusing the connection or saying "not now"."""
+
 
 class SinkRefused(Exception):
     """Permanent for (some reply of) this chunk: retrying it as is cannot succeed."""

@@ -20,7 +20,7 @@ master's READONLY turned into one), an outage like any other.
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -31,6 +31,7 @@ from schemas import RedisKeys, RequestEnvelope, ResultEnvelope
 from schemas.redis_conn import connect, is_cluster, mget, reply_text
 from schemas.replica_ack import ReplicaAck
 from schemas.replies import ResultWriter, WriteReply, WriteStatus
+from schemas.result import RESULT_HEAD_BYTES, result_head
 from schemas.scripts import lua
 from schemas.settings import ConnectionSettings
 from worker.records import Reply
@@ -40,7 +41,6 @@ T = TypeVar("T")
 
 _UNAVAILABLE: tuple[type[Exception], ...] = (
     redis.ConnectionError,
-    redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
     # The server answers but refuses every command for a while (ACL NOPERM until an
     # operator fixes the user, a read-only replica after a failover, OOM under maxmemory
@@ -49,28 +49,55 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
     redis.exceptions.NoPermissionError,
     redis.exceptions.ReadOnlyError,
     redis.exceptions.OutOfMemoryError,
-    # A Redis Cluster failing over: redis-py raises these by class, and their text lacks
-    # the CLUSTERDOWN / TRYAGAIN code _TRANSIENT_REPLIES looks for, so they were taken for
-    # a refusal of the result itself and answered `failed` (the chaos soak: 76 results
-    # failed and 67 lost in one master failover). RedisClusterException (no node
-    # reachable, a slot not covered) is not even a RedisError.
+    # A Redis Cluster failing over: redis-py raises these by class, with their code
+    # stripped from the text, so they were once taken for a refusal of the result itself
+    # and answered `failed` (the chaos soak: 76 results failed and 67 lost in one master
+    # failover). RedisClusterException (no node reachable, a slot not covered) is not even
+    # a RedisError.
     redis.exceptions.ClusterError,  # ClusterDownError, MasterDownError
     redis.exceptions.TryAgainError,
     redis.exceptions.RedisClusterException,  # SlotNotCoveredError, "cannot be connected"
 )
-_TRANSIENT_REPLIES = ("TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "LOADING", "NOPERM", "NOREPLICAS")
-"""NOREPLICAS: a master with `min-replicas-to-write` refuses writes while its replicas
-are gone (a sentinel setup that trades availability for fewer writes lost in a failover):
-an outage until a replica is back, never a refusal of the result."""
+_DATA_CODES = frozenset({"WRONGTYPE", "BUSYKEY", "NOGROUP", "CROSSSLOT"})
+"""Error codes that are about the command and its data: a retry of the same call gets the
+same answer. Every other code names a state of the server that passes (BUSY: a script
+past `busy-reply-threshold`; MISCONF: a failed RDB or AOF write; LOADING, NOREPLICAS,
+MASTERDOWN, TRYAGAIN, CLUSTERDOWN, NOPERM, ...)."""
+_CODE = re.compile(r"[A-Z][A-Z_]+")
 _ACL_IN_SCRIPT = "can't run this command"
 """A command inside a script refused by the ACL (plain ERR, not NOPERM): a permission
 problem of the whole deployment, waited out like NOPERM until an operator fixes it."""
+
+
+def not_now(exc: redis.exceptions.ResponseError) -> bool:
+    """Whether an error reply says "not now" rather than "never for this call".
+
+    Redis starts every error reply with a code. redis-py strips `ERR ` (the generic error:
+    a bad argument, a script error, an unknown command) and the codes it maps to classes,
+    and leaves any other code in the text. So a reply that still starts with a code names
+    a state of the server unless the code is one of `_DATA_CODES`: a result written while
+    Redis is BUSY or MISCONF waits like one written while it is down (the results lost in
+    both cases were answered `failed` because only a list of known codes was waited out).
+    Only a reply no retry of the same call can change refuses it.
+    """
+    text = str(exc)
+    code = text.split(" ", 1)[0]
+    if _CODE.fullmatch(code):
+        return code not in _DATA_CODES
+    return _ACL_IN_SCRIPT in text
 
 
 def call(fn: Callable[[], T]) -> T:
     """Run one Redis call, mapping its errors onto the sink contract."""
     try:
         return fn()
+    except redis.TimeoutError as exc:
+        # a read that timed out on a connection the server took: the call may be what is
+        # slow (worker.sinks.retrying.Stalled); a connect that timed out is an outage
+        connecting = str(exc).startswith("Timeout connecting")
+        raise SinkUnavailable(
+            f"Redis: {type(exc).__name__}: {exc}", timed_out=not connecting
+        ) from exc
     except _UNAVAILABLE as exc:
         raise SinkUnavailable(f"Redis: {type(exc).__name__}: {exc}") from exc
     except redis.exceptions.NoScriptError as exc:
@@ -78,7 +105,7 @@ def call(fn: Callable[[], T]) -> T:
         # Script loads it again. Never a refusal of the result.
         raise SinkUnavailable(f"Redis: {exc}") from exc
     except redis.exceptions.ResponseError as exc:
-        if str(exc).startswith(_TRANSIENT_REPLIES) or _ACL_IN_SCRIPT in str(exc):
+        if not_now(exc):
             raise SinkUnavailable(f"Redis: {exc}") from exc
         raise SinkRefused(f"Redis refused: {exc}") from exc
     except redis.RedisError as exc:  # anything else of the client's: treat as an outage
@@ -162,56 +189,57 @@ class RedisSink(ReplySink):
         return self._client
 
     def admission(self, envelopes: Sequence[RequestEnvelope]) -> Admission:
-        """One round trip per micro-batch, whatever its size."""
-        request_ids = [env.request_id for env in envelopes]
-        jobs = sorted({env.job_id for env in envelopes if env.job_id})
-        keys = [self._keys.result(rid) for rid in request_ids]
-        keys += [self._keys.job_cancel(job) for job in jobs]
-        if not keys:
+        """One round trip per micro-batch, whatever its size; at most `RESULT_HEAD_BYTES`
+        of each stored result are read (`schemas/lua/result_head.lua`)."""
+        if not envelopes:
             return Admission()
+        jobs = sorted({env.job_id for env in envelopes if env.job_id})
         if is_cluster(self._client):
             return call(lambda: self._cluster_admission(envelopes, jobs))
-        replies: list[Any] = call(
-            lambda: self._admission_script(keys=keys, args=[len(request_ids)])
-        )
+        keys: list[str] = []
+        args: list[str | int] = [len(envelopes)]
+        for env in envelopes:
+            keys += [self._keys.result(env.request_id), self._keys.job_counted(env.job_id or "-")]
+            args += [env.request_id, env.job_id or ""]
+        keys += [self._keys.job_cancel(job) for job in jobs]
+        replies: list[Any] = call(lambda: self._admission_script(keys=keys, args=args))
         answered: dict[str, str] = {}
-        for rid, reply in zip(request_ids, replies, strict=False):
+        for env, reply in zip(envelopes, replies, strict=False):
             if reply is not None and reply is not False:
-                answered[rid] = reply_text(reply)
+                answered[env.request_id] = reply_text(reply)
         cancelled = frozenset(
-            job for job, hit in zip(jobs, replies[len(request_ids) :], strict=True) if hit
+            job for job, hit in zip(jobs, replies[len(envelopes) :], strict=True) if hit
         )
         return Admission(answered, cancelled)
 
     def _cluster_admission(
         self, envelopes: Sequence[RequestEnvelope], jobs: Sequence[str]
     ) -> Admission:
-        """The admission script's answers from a pipeline (its keys span slots): a result
-        key of another type counts as absent, as there; and a result of this request's job
-        that the job has not counted yet (a crash between the two write steps) counts as
-        unanswered, so the request runs again and its write finishes the count."""
+        """The admission script's answers from one pipeline (its keys span slots): a result
+        key of another type counts as absent, as there; a request its job counted was
+        answered in that job (as there); and a result of this request's job that the job
+        has not counted yet (a crash between the two write steps) counts as unanswered, so
+        the request runs again and its write finishes the count."""
         pipe = self._admission_client.pipeline(transaction=False)
         for env in envelopes:
-            pipe.get(self._keys.result(env.request_id))
+            pipe.getrange(self._keys.result(env.request_id), 0, RESULT_HEAD_BYTES - 1)
+            pipe.sismember(self._keys.job_counted(env.job_id or "-"), env.request_id)
         for job in jobs:
             pipe.type(self._keys.job_cancel(job))
         raw = pipe.execute(raise_on_error=False)
         answered: dict[str, str] = {}
-        for env, value in zip(envelopes, raw, strict=False):
-            if value is not None and not isinstance(value, Exception):
-                answered[env.request_id] = _job_of(value)
-        types = raw[len(envelopes) :]
+        for i, env in enumerate(envelopes):
+            head, counted = raw[2 * i], raw[2 * i + 1] in (True, 1)
+            if counted and env.job_id:  # answered in its own job, whatever holds the key
+                answered[env.request_id] = env.job_id
+            elif isinstance(head, bytes | str) and head:  # GETRANGE of no key: empty
+                job = result_head(head if isinstance(head, bytes) else head.encode())[0]
+                if not (env.job_id and job == env.job_id):  # else: not counted yet, run
+                    answered[env.request_id] = job
+        types = raw[2 * len(envelopes) :]
         cancelled = frozenset(
             job for job, t in zip(jobs, types, strict=True) if reply_text(t) == "string"
         )
-        same = [e for e in envelopes if e.job_id and answered.get(e.request_id) == e.job_id]
-        if same:
-            pipe = self._admission_client.pipeline(transaction=False)
-            for env in same:
-                pipe.sismember(self._keys.job_counted(env.job_id or ""), env.request_id)
-            for env, counted in zip(same, pipe.execute(raise_on_error=False), strict=True):
-                if counted is not True and counted != 1:
-                    del answered[env.request_id]
         return Admission(answered, cancelled)
 
     def stored(self, request_ids: Sequence[str]) -> dict[str, bytes]:
@@ -251,15 +279,6 @@ class RedisSink(ReplySink):
         self._client.close()
         if self._admission_client is not self._client:
             self._admission_client.close()
-
-
-def _job_of(value: Any) -> str:
-    """The job_id of a stored result ('' when it has none or does not parse)."""
-    try:
-        job = json.loads(value).get("job_id")
-    except (ValueError, AttributeError):
-        return ""
-    return job if isinstance(job, str) else ""
 
 
 __all__ = ["RedisSink", "call"]
