@@ -8,8 +8,8 @@ is a bug, not an impossible ask:
 * one Kafka broker down at a time (replication 3, `min.insync.replicas` 2: a second one
   down would stop every `acks=all` write by design), and a broker comes back before the
   next one goes;
-* one Redis fault at a time (a master down, stalled or slow), and the next one waits for
-  the failover and the node's return;
+* one Redis fault at a time (a master down, stalled, slow, busy with a script or refusing
+  writes), and the next one waits for the failover and the node's return;
 * at least one worker always runs (a paused worker counts as down);
 * every kind appears at least once when the run is long enough (the CI run covers them
   all), in an order the seed shuffles.
@@ -39,10 +39,22 @@ class FaultKind(StrEnum):
     """The workers' (and the CLI's) link to one Redis master, or to every node (target
     `ALL_NODES`), gains `delay_s` each way for `hold_s` (the delaying TCP proxy they reach
     Redis through): each command executes at once but its reply comes late."""
+    redis_busy = "redis_busy"
+    """Another client runs a script on one Redis master for `hold_s`, past its
+    busy-reply-threshold (lowered for the fault): every other command is answered BUSY."""
+    redis_misconf = "redis_misconf"
+    """One Redis master's RDB save fails (its directory is gone): it answers every write
+    (and PING) MISCONF for `hold_s`, until a save succeeds again; reads still work."""
 
 
 WORKER_KINDS = (FaultKind.worker_kill, FaultKind.worker_stop)
-REDIS_KINDS = (FaultKind.redis_master_kill, FaultKind.redis_stall, FaultKind.redis_slow)
+REDIS_KINDS = (
+    FaultKind.redis_master_kill,
+    FaultKind.redis_stall,
+    FaultKind.redis_slow,
+    FaultKind.redis_busy,
+    FaultKind.redis_misconf,
+)
 ALL_NODES = -1
 """A `redis_slow` target: every node's proxy."""
 
@@ -82,6 +94,9 @@ class Limits:
     redis_slow_delay: tuple[float, float] = (0.2, 0.8)
     """Seconds added each way: a round trip costs 0.4-1.6 s more, under the workers'
     5 s socket timeout (a slow Redis, not a dead one)."""
+    redis_busy_hold: tuple[float, float] = (1.0, 3.0)
+    """Under the cluster's node timeout: a node running a script answers no gossip."""
+    redis_misconf_hold: tuple[float, float] = (3.0, 8.0)
     redis_slow_all: float = 0.3
     """The share of `redis_slow` faults on every node rather than one master."""
     redis_settle_s: float = 12.0
@@ -155,6 +170,10 @@ def _draw(
         return Fault(t, kind, rng.randrange(masters), rng.uniform(*lim.redis_kill_hold))
     if kind is FaultKind.redis_stall:
         return Fault(t, kind, rng.randrange(masters), rng.uniform(*lim.redis_stall_hold))
+    if kind is FaultKind.redis_busy:
+        return Fault(t, kind, rng.randrange(masters), rng.uniform(*lim.redis_busy_hold))
+    if kind is FaultKind.redis_misconf:
+        return Fault(t, kind, rng.randrange(masters), rng.uniform(*lim.redis_misconf_hold))
     target = ALL_NODES if rng.random() < lim.redis_slow_all else rng.randrange(masters)
     hold = rng.uniform(*lim.redis_slow_hold)
     return Fault(t, kind, target, hold, round(rng.uniform(*lim.redis_slow_delay), 3))

@@ -18,17 +18,17 @@ def job_verdict(
     lines: int,
     job_hash: Mapping[str, str],
     stream_len: int,
-    results: Mapping[str, bytes | None],
+    statuses: Mapping[str, str],
 ) -> tuple[dict[str, Any], list[str]]:
     """The job's row of the report and what is wrong with it: its counters must equal the
-    statuses of its lines' results (line i's request id is `{job}.{i}`), its `total` and
-    the counters' sum must be the line count, and its progress stream holds one entry a
-    line."""
+    statuses of its lines' answers (line i's request id is `{job}.{i}`; `statuses` maps a
+    request id to its answer's status, from its result or, for a job whose results expire
+    before the check, from its stream), its `total` and the counters' sum must be the line
+    count, and its progress stream holds one entry a line."""
     by_status: dict[str, int] = {}
     for i in range(1, lines + 1):
-        value = results.get(f"{job}.{i}")
-        if value is not None:
-            status = json.loads(value)["status"]
+        status = statuses.get(f"{job}.{i}")
+        if status is not None:
             by_status[status] = by_status.get(status, 0) + 1
     counters = {s: int(job_hash.get(s, 0)) for s in JOB_COUNTERS}
     problems = []
@@ -41,6 +41,11 @@ def job_verdict(
     if stream_len != lines:
         problems.append(f"job {job}: stream holds {stream_len} entries for {lines} lines")
     return {"status": job_hash.get("status"), **counters, "stream": stream_len}, problems
+
+
+def statuses_of(results: Mapping[str, bytes | None]) -> dict[str, str]:
+    """request id -> status, of the results found."""
+    return {rid: json.loads(raw)["status"] for rid, raw in results.items() if raw is not None}
 
 
 def recovery_times(
