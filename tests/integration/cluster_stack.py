@@ -176,7 +176,8 @@ class ClusterStack:
             time.sleep(0.5)
 
     def wait_redis_ok(self, timeout: float = 60) -> None:
-        """Waits until every running node says cluster_state:ok and sees 3 masters + 3 replicas."""
+        """Waits until every running node says cluster_state:ok, sees 3 masters + 3 replicas,
+        and lists all six in CLUSTER SLOTS (a replica there only once it has synced)."""
         import redis
 
         deadline = time.monotonic() + timeout
@@ -191,18 +192,28 @@ class ClusterStack:
                     try:
                         info = client.cluster("INFO")
                         nodes = client.cluster("NODES")
+                        served = _slot_ports(client.execute_command("CLUSTER", "SLOTS"))
                     finally:
                         client.close()
                 except redis.RedisError as exc:
                     states[port] = repr(exc)
                     continue
                 states[port] = _redis_node_state(info, nodes)
+                if states[port] == "ok" and len(served) < len(self.redis_nodes):
+                    # a replica still syncing is left out of CLUSTER SLOTS: clients
+                    # seeded now would not know it
+                    states[port] = f"CLUSTER SLOTS names {sorted(served)}"
             if states and all(s == "ok" for s in states.values()):
                 return
             last = states
             if time.monotonic() > deadline:
                 raise TimeoutError(f"redis cluster not ok: {last}")
             time.sleep(0.3)
+
+
+def _slot_ports(slots: Any) -> set[int]:
+    """The node ports a CLUSTER SLOTS reply names (masters and the replicas it lists)."""
+    return {int(node[1]) for entry in slots for node in entry[2:]}
 
 
 def _redis_node_state(info: Any, nodes: Any) -> str:

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def proxies(cluster_stack: Any) -> Iterator[dict[int, DelayProxy]]:
+    cluster_stack.wait_redis_ok()  # every node known to CLUSTER SLOTS, so to a new client
     out = proxies_for(cluster_stack.redis_nodes)
     try:
         yield out

@@ -28,13 +28,18 @@ return 1
 """
 
 
+def _hog(client: redis.Redis, seconds: int) -> None:
+    with contextlib.suppress(redis.ConnectionError):  # the node killed under the script
+        client.eval(HOG, 0, seconds)
+
+
 def busy(port: int, hold_s: float, threshold_ms: int = 100) -> Callable[[], None]:
     node = redis.Redis(port=port)
     before = node.config_get("busy-reply-threshold")["busy-reply-threshold"]
     node.config_set("busy-reply-threshold", threshold_ms)
     hog = redis.Redis(port=port, socket_timeout=hold_s + 30)
     # TIME has whole seconds: the script ends at the first second boundary past hold_s
-    thread = threading.Thread(target=lambda: hog.eval(HOG, 0, max(1, round(hold_s))))
+    thread = threading.Thread(target=_hog, args=(hog, max(1, round(hold_s))), daemon=True)
     thread.start()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:  # until the server answers BUSY
@@ -47,24 +52,32 @@ def busy(port: int, hold_s: float, threshold_ms: int = 100) -> Callable[[], None
 
     def undo() -> None:
         thread.join(hold_s + 30)
-        node.config_set("busy-reply-threshold", before)
+        # a node killed meanwhile (the soak may kill the same master) restarts with its
+        # config file's threshold: nothing left to undo
+        with contextlib.suppress(redis.ConnectionError):
+            node.config_set("busy-reply-threshold", before)
         node.close()
         hog.close()
 
     return undo
 
 
-def _children(pid: int) -> list[int]:
+def _bgsave_children(pid: int) -> list[int]:
+    """The BGSAVE child processes of redis-server `pid` (their title says so), never a
+    replication child (`redis-rdb-to-slaves`): a replica's full sync must not be hit."""
     kids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
-                if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    kids.append(int(entry))
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                title = fh.read(64)
         except (OSError, ValueError, IndexError):
             continue
+        if parent == pid and title.startswith(b"redis-rdb-bgsave"):
+            kids.append(int(entry))
     return kids
 
 
@@ -73,33 +86,41 @@ def _status(node: redis.Redis) -> str:
 
 
 def misconf(port: int, timeout_s: float = 10) -> Callable[[], None]:
-    """Needs a node holding at least one key (its save child must still be running when
-    it is killed: each key costs it a second here)."""
+    """Needs a node holding keys: its save child (slowed by `rdb-key-save-delay` only
+    while the fault is being made) must still run when it is found."""
     node = redis.Redis(port=port)
     save = node.config_get("save")["save"]
     node.config_set("save", "3600 1")  # MISCONF needs save points
-    node.config_set("rdb-key-save-delay", 1_000_000)
-    node.bgsave()
     pid = int(node.info("server")["process_id"])
     deadline = time.monotonic() + timeout_s
-    while _status(node) != "err":
-        if time.monotonic() > deadline:
-            node.config_set("rdb-key-save-delay", 0)
-            node.config_set("save", save)
-            raise RuntimeError(f"could not make the save on {port} fail")
-        for child in _children(pid):
-            os.kill(child, signal.SIGKILL)
-        time.sleep(0.05)
+    node.config_set("rdb-key-save-delay", 2_000)  # 2 ms a key: found before it is done
+    try:
+        while _status(node) != "err":
+            if time.monotonic() > deadline:
+                node.config_set("save", save)
+                raise RuntimeError(f"could not make the save on {port} fail")
+            children = _bgsave_children(pid)
+            for child in children:
+                os.kill(child, signal.SIGKILL)
+            if not children and not node.info("persistence")["rdb_bgsave_in_progress"]:
+                with contextlib.suppress(redis.ResponseError):  # a replication child runs
+                    node.bgsave()
+            time.sleep(0.01)
+    finally:
+        node.config_set("rdb-key-save-delay", 0)
 
     def undo() -> None:
-        node.config_set("rdb-key-save-delay", 0)
-        end = time.monotonic() + timeout_s
-        while _status(node) != "ok" and time.monotonic() < end:
-            with contextlib.suppress(redis.ResponseError):  # one already running
-                node.bgsave()
-            time.sleep(0.1)
-        node.config_set("save", save)
-        node.close()
+        try:
+            end = time.monotonic() + timeout_s
+            while _status(node) != "ok" and time.monotonic() < end:
+                with contextlib.suppress(redis.ResponseError):  # one already running
+                    node.bgsave()
+                time.sleep(0.1)
+            node.config_set("save", save)
+        except redis.ConnectionError:  # killed meanwhile: it restarts from its config file
+            pass
+        finally:
+            node.close()
 
     return undo
 

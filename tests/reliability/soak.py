@@ -70,6 +70,8 @@ TOOLS = [
 
 
 SHORT_RESULT_TTL_S = 3
+APPLY_TRIES = 5  # a fault the harness could not make (its node busy) is tried again
+UNDO_TRIES = 20  # a fault's undo is tried this often, a second apart, before the run fails
 """The first bulk job's result_ttl_s: shorter than a killed worker's records take to come
 back (the session timeout), so redelivered ones find their results expired."""
 
@@ -134,6 +136,7 @@ class Soak:
         self.leaders_killed = 0
         self.resent = 0
         self.skipped_faults: list[str] = []
+        self.undo_failures: list[str] = []  # faults that stayed: the run is not valid
         """Faults the harness could not apply (reported, not counted as applied)."""
         """Requests the brokers refused while a broker was down, published again."""
         self.started: list[subprocess.Popen[bytes]] = []
@@ -413,21 +416,34 @@ class Soak:
     # ------------------------------------------------------------ faults
 
     def _faults(self) -> None:
-        pending = list(self.faults)
+        pending = [(f.at_s, f, 0) for f in self.faults]  # (due, fault, tries)
         undo: list[tuple[float, list[Any], Callable[[], None]]] = []
         while (pending or undo) and not self._stop.is_set():
             now = time.monotonic() - self.t0
             if undo and undo[0][0] <= now:
                 _, entry, action = undo.pop(0)
-                action()
+                try:
+                    action()
+                except Exception as exc:  # e.g. a restart racing a failover: try again
+                    entry.append(repr(exc))
+                    if len(entry) < 3 + UNDO_TRIES:
+                        undo.append((now + 1.0, entry, action))
+                        undo.sort(key=lambda u: u[0])
+                    else:
+                        self.undo_failures.append(f"{entry[0].describe()}: {entry[3:]}")
+                    continue
                 entry[2] = time.monotonic() - self.t0
                 continue
-            if pending and pending[0].at_s <= now:
-                fault = pending.pop(0)
+            if pending and pending[0][0] <= now:
+                _, fault, tries = pending.pop(0)
                 try:
                     action = self._apply(fault)
                 except Exception as exc:  # a harness call during an outage: not the system
-                    self.skipped_faults.append(f"{fault.describe()}: {exc!r}")
+                    if tries + 1 < APPLY_TRIES:  # e.g. its node still BUSY from a late fault
+                        pending.append((now + 1.0, fault, tries + 1))
+                        pending.sort(key=lambda p: p[0])
+                    else:
+                        self.skipped_faults.append(f"{fault.describe()}: {exc!r}")
                     continue
                 entry = [fault, now, -1.0]
                 self.applied.append(entry)
@@ -646,6 +662,7 @@ class Soak:
             problems.append(f"{len(wrong)} results of an unexpected status, e.g. {wrong[:5]}")
         problems += self.obs.commit_violations[:5]
         problems += [f"{e} (restarted)" for e in self.unexpected_exits]
+        problems += [f"a fault could not be undone: {u}" for u in self.undo_failures]
         if set(dlq_keys) != self.bad_keys:
             extra = set(dlq_keys) - self.bad_keys
             missed = self.bad_keys - set(dlq_keys)
@@ -673,6 +690,7 @@ class Soak:
             "leaders_killed": self.leaders_killed,
             "requests_resent": self.resent,
             "faults_not_applied": self.skipped_faults,
+            "faults_not_undone": self.undo_failures,
             "unexpected_exits": self.unexpected_exits,
             "redis_proxies": {
                 "connections": sum(p.accepted for p in self.proxies.values()),
