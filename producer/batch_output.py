@@ -35,6 +35,7 @@ STATUS_CODES: dict[str, int] = {
     # the request was fine and ran; the loop did not reach an answer (transcript kept)
     ErrorCode.tool_loop_max_turns: 422,
     ErrorCode.tool_loop_aborted: 422,
+    ErrorCode.result_too_large: 400,
 }
 """HTTP-like status of an output line by error code; 200 when the request succeeded."""
 

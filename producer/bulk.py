@@ -41,6 +41,7 @@ from schemas import (
 )
 from schemas.limits import MAX_ENVELOPE_BYTES, RESERVED_JOB_SUFFIXES
 from schemas.request import OPTION_NAMES, RequestOptions
+from schemas.result_size import check_asked
 from schemas.routes import RouteTable
 
 MAX_JOB_ID_CHARS = 96
@@ -141,9 +142,22 @@ class Defaults:
 
     ALLOWED = tuple(n for n in OPTION_NAMES if n not in ("job_id", "custom_id"))
 
-    def __init__(self, *, routes: RouteTable | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        routes: RouteTable | None = None,
+        max_result_bytes: int | None = None,
+        priority_range: tuple[int, int] | None = None,
+        **options: Any,
+    ) -> None:
         self.routes = routes
         """With a route table, a line whose body.model nobody serves is a bad line."""
+        self.max_result_bytes = max_result_bytes
+        """With a bound, a line whose result could pass it is a bad line
+        (`schemas.result_size.check_asked`; `qbatch serve` sets its own)."""
+        self.priority_range = priority_range
+        """With a range, a line's priority is clamped into it (`qbatch serve`: the
+        tenant's, from the keys file)."""
         wrong = sorted(set(options) - set(self.ALLOWED))
         if wrong:
             raise ContractError(
@@ -162,18 +176,24 @@ class Defaults:
             isinstance(other, Defaults)
             and other._values == self._values
             and other.routes == self.routes
+            and other.max_result_bytes == self.max_result_bytes
+            and other.priority_range == self.priority_range
         )
 
-    def routed(self, routes: RouteTable | None) -> Defaults:
-        """These defaults, checking every line's model against `routes`."""
-        copy = Defaults(routes=routes)
+    def routed(self, routes: RouteTable | None, max_result_bytes: int | None = None) -> Defaults:
+        """These defaults, checking every line's model against `routes` (and its result
+        size against `max_result_bytes`)."""
+        copy = Defaults(routes=routes, max_result_bytes=max_result_bytes)
         copy._values = dict(self._values)
         return copy
 
     def check(self, envelope: RequestEnvelope) -> None:
-        """ContractError (naming body.model) for a line no worker pool serves."""
+        """ContractError for a line no worker pool serves (naming body.model), or whose
+        result could pass the bound (naming the field that makes it large)."""
         if self.routes is not None:
             self.routes.route(envelope.body.model)
+        if self.max_result_bytes is not None:
+            check_asked(envelope, self.max_result_bytes)
 
     def __repr__(self) -> str:
         return f"Defaults({self._values!r})"
@@ -181,6 +201,10 @@ class Defaults:
     def apply(self, data: dict[str, Any]) -> None:
         for name, value in self._values.items():
             data.setdefault(name, value)
+        priority = data.get("priority")
+        if self.priority_range is not None and isinstance(priority, int):
+            low, high = self.priority_range
+            data["priority"] = min(max(priority, low), high)
 
 
 NO_DEFAULTS = Defaults()

@@ -53,8 +53,8 @@ from producer.jobs import (
     file_sha256,
     submit_job,
 )
-from producer.line_sources import scan_stream
 from producer.placement import PlacementMode
+from producer.stream_scan import scan_stream
 from producer.usage import CLI_TENANT, UsageStore
 from schemas import ContractError
 from schemas.context import ContextStrategy

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from producer.cli_common import EXIT_USAGE, client_for, err, opts
+from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
 
 
 def _env(name: str) -> str:
@@ -105,6 +106,23 @@ def serve(
             min=0,
         ),
     ] = 0,
+    max_result_bytes: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("MAX_RESULT_BYTES"),
+            help="A request (sync or a batch line) whose result could be larger (choices x "
+            "max_tokens x bytes a token, logprobs counted) is refused as it is posted.",
+            min=65_536,
+        ),
+    ] = DEFAULT_MAX_RESULT_BYTES,
+    max_batch_lines: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("MAX_BATCH_LINES"),
+            help="Request lines one batch's input may hold (OpenAI's limit: 50,000).",
+            min=1,
+        ),
+    ] = 50_000,
     reindex: Annotated[
         bool,
         typer.Option(
@@ -116,7 +134,11 @@ def serve(
     ] = False,
     models: Annotated[
         str,
-        typer.Option(envvar=_env("MODELS"), help="Comma-separated names /v1/models lists."),
+        typer.Option(
+            envvar=_env("MODELS"),
+            help="Comma-separated names /v1/models lists (a route table's models instead, "
+            "when one is given; neither: an empty list).",
+        ),
     ] = "",
     ssl_certfile: Annotated[
         Path | None, typer.Option(envvar=_env("SSL_CERTFILE"), help="TLS certificate (PEM).")
@@ -166,6 +188,8 @@ def serve(
         sync_timeout_s=sync_timeout,
         max_sync_inflight=max_sync_inflight,
         max_sync_inflight_per_tenant=max_sync_inflight_per_tenant or None,
+        max_result_bytes=max_result_bytes,
+        max_batch_lines=max_batch_lines,
         reindex=reindex,
         metrics_token=os.environ.get("QBATCH_SERVE_METRICS_TOKEN") or None,
         models=tuple(m.strip() for m in models.split(",") if m.strip()),

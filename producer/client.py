@@ -46,6 +46,7 @@ from schemas import (
 from schemas.kafka_compat import repair_idempotent_reset
 from schemas.redis_conn import connect, is_cluster, mget
 from schemas.request import OPTION_NAMES
+from schemas.result_size import check_asked
 from schemas.routes import RouteTable
 from schemas.settings import BULK
 
@@ -307,6 +308,7 @@ class QBatchClient:
         endpoint: str | None = None,
         lane: str | None = None,
         flush: bool = True,
+        max_result_bytes: int | None = None,
         **options: Any,
     ) -> str:
         """Validate and publish one request; returns its request_id.
@@ -314,9 +316,11 @@ class QBatchClient:
         `options`: any of `schemas.RequestOptions` (job_id, custom_id, priority, deadline,
         result_ttl_s, metadata). `lane`: the priority lane (default interactive). With
         `flush=True` (default) this returns once Kafka has acknowledged the record
-        (acks=all) and raises `PublishError` otherwise.
-        """
+        (acks=all) and raises `PublishError` otherwise. `max_result_bytes`: see
+        `schemas.result_size.check_asked`."""
         envelope = build_envelope(body, request_id=request_id, endpoint=endpoint, **options)
+        if max_result_bytes is not None:
+            check_asked(envelope, max_result_bytes)
         future = self.send(envelope, lane)
         if flush:
             self.flush([(envelope.request_id, future)])
@@ -382,7 +386,12 @@ class QBatchClient:
 
     def get(self, request_id: str) -> ResultEnvelope | None:
         """The result if it is written, else None (never blocks)."""
-        return parse_result(self.redis.get(self.keys.result(request_id)))
+        return parse_result(self.get_raw(request_id))
+
+    def get_raw(self, request_id: str) -> bytes | None:
+        """The result's JSON as stored, unparsed (see `schemas.result.read_stored`)."""
+        raw = self.redis.get(self.keys.result(request_id))
+        return raw.encode() if isinstance(raw, str) else raw
 
     def get_many(self, request_ids: Sequence[str]) -> dict[str, ResultEnvelope | None]:
         out: dict[str, ResultEnvelope | None] = {}
@@ -406,12 +415,16 @@ class QBatchClient:
 
     def wait(self, request_id: str, timeout: float | None = 30.0) -> ResultEnvelope | None:
         """The result, waiting up to `timeout` seconds (None: forever); None on timeout."""
+        return parse_result(self.wait_raw(request_id, timeout))
+
+    def wait_raw(self, request_id: str, timeout: float | None = 30.0) -> bytes | None:
+        """`wait`, for the result's JSON as stored (`get_raw`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         done_key = self.keys.done(request_id)
         while True:
-            result = self.get(request_id)
-            if result is not None:
-                return result
+            raw = self.get_raw(request_id)
+            if raw is not None:
+                return raw
             left = (
                 self.poll_s if deadline is None else min(self.poll_s, deadline - time.monotonic())
             )

@@ -34,6 +34,7 @@ from producer.placement import PlacementMode
 from schemas import ErrorCode, JobStatus, ResultEnvelope, Status
 from schemas.keys import StreamField
 from schemas.ref import RequestRef
+from schemas.result import read_stored
 from schemas.settings import BULK
 
 
@@ -88,16 +89,36 @@ def readable_result(raw: bytes, rid: str, job_id: str) -> ResultEnvelope:
     """The stored result, or, when it cannot be read (written by another version, or from
     figures no reader holds), a failed result for its line: one unreadable result must
     not stop the whole job's collect, on every re-run."""
+    return readable(raw, rid, job_id)[0]
+
+
+def readable(raw: bytes, rid: str, job_id: str) -> tuple[ResultEnvelope, tuple[int, int] | None]:
+    """`readable_result`, the way `read_stored` reads it: a succeeded result without its
+    response's choices, and where its response is in `raw` (`output_text` passes those
+    bytes on as they are, instead of building them as objects at ~60x their size)."""
     try:
-        return ResultEnvelope.model_validate_json(raw)
+        return read_stored(raw)
     except ValidationError as exc:
         reason = (exc.errors()[0]["msg"] if exc.errors() else str(exc))[:200]
-        return ResultEnvelope.failure(
+        failed = ResultEnvelope.failure(
             RequestRef(request_id=rid, job_id=job_id),
             ErrorCode.internal_error,
             f"the stored result could not be read: {reason}",
             timings=None,
         )
+        return failed, None
+
+
+def output_text(raw: bytes, result: ResultEnvelope, span: tuple[int, int] | None) -> bytes:
+    """The output line of a stored result: `output_json`, with a succeeded result's
+    response body spliced in as the bytes Redis holds."""
+    if span is None:
+        return output_json(result).encode("utf-8")
+    placeholder = result.model_copy(update={"response": None})
+    line = output_json(placeholder).encode("utf-8")
+    empty = f'"request_id":"{result.request_id}","body":null}}'.encode()
+    at = line.index(empty) + len(empty) - len(b"null}")
+    return line[:at] + raw[span[0] : span[1]] + line[at + len(b"null") :]
 
 
 LOST = "its result expired from Redis (result_ttl_s) before it was collected"
@@ -203,17 +224,16 @@ def collect_job(
                             # An inline result: the request_id held another job's result.
                             fresh[line] = (attempt, rid, fields.get(StreamField.result), fields)
                     items = sorted(fresh.items())
-                    raws = store.results(
+                    found = store.iter_results(
                         [rid for _line, (_a, rid, inline, _f) in items if not inline]
                     )
-                    found = iter(raws)
                     for line, (attempt, rid, inline, entry) in items:
                         raw = inline.encode() if inline else next(found)
                         if raw is not None:
-                            result = readable_result(raw, rid, job_id)
+                            result, span = readable(raw, rid, job_id)
                             if on_result is not None:
                                 on_result(result)
-                            text, status = output_json(result), result.status.value
+                            data, status = output_text(raw, result, span), result.status.value
                         else:
                             if earlier is None:
                                 earlier = _existing_lines(
@@ -223,12 +243,12 @@ def collect_job(
                             if old is None or old[0] != attempt:
                                 report.missing_results += 1
                                 lost = lost_result(rid, job_id, entry)
-                                text, status = output_json(lost), lost.status.value
+                                data, status = output_json(lost).encode(), lost.status.value
                             else:
-                                text, status = old[2], old[1]
-                                if LOST in text:  # an earlier collect found it lost
+                                data, status = old[2].encode(), old[1]
+                                if LOST in old[2]:  # an earlier collect found it lost
                                     report.missing_results += 1
-                        data = (text + "\n").encode("utf-8")
+                        data += b"\n"
                         spool.seek(0, os.SEEK_END)
                         offset = spool.tell()
                         spool.write(data)

@@ -30,6 +30,9 @@ class ErrorCode(StrEnum):
     tool_loop_aborted = "tool_loop_aborted"
     """The loop could not go on (a continuation too large for the contract, a turn the
     tool-calls topic refused); the result holds the transcript so far."""
+    result_too_large = "result_too_large"
+    """The result could be (or came out) larger than `max_result_bytes` allows
+    (`schemas.result_size`): n x max_tokens x top_logprobs asks for too much."""
 
 
 class ErrorInfo(BaseModel):

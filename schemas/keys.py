@@ -149,6 +149,15 @@ class RedisKeys:
         and its tenant's sets together, so on a cluster they share the tag `{serve}`."""
         return f"{self.prefix}:{{serve}}" if self.cluster else f"{self.prefix}:serve"
 
+    def serve_runner_current(self) -> str:
+        """String: the batch `qbatch serve`'s runner is stepping now (a server that starts
+        and finds it set died under that step: `producer.serve.batch_strikes`)."""
+        return f"{self._serve()}:runner:current"
+
+    def serve_runner_strikes(self) -> str:
+        """Hash batch_id -> how often a server died while stepping that batch."""
+        return f"{self._serve()}:runner:strikes"
+
     def serve_usage(self, tenant: str, day: str) -> str:
         """Hash `{kind}:{model}` -> count: a tenant's usage on UTC day `day` (YYYY-MM-DD),
         kinds `producer.usage.KINDS`. The day holds no `:`, so it is the last segment and
@@ -177,8 +186,18 @@ class RedisKeys:
         counts once, however often it is seen)."""
         return f"{self.prefix}:serve:counted:{self._tag(f'{tenant}:{day}')}"
 
+    def serve_session(self, digest: str) -> str:
+        """String: the tenant of a `qbatch serve` page session, by the SHA-256 (hex) of its
+        cookie's token (the cookie never holds an API key)."""
+        return f"{self.prefix}:serve:session:{self._tag(digest)}"
+
+    def loop_key(self) -> str:
+        """String: the key continuations are signed with, when `QBATCH_LOOP_KEY` is unset
+        (`schemas.loop_auth`)."""
+        return f"{self.prefix}:loopkey"
+
     def strikes(self, group: str) -> str:
-        """Hash `{topic}/{partition}/{offset}` -> how often a worker of consumer group
+        """Hash `{topic}/{partition}/{offset}/{crc32}` -> how often a worker of consumer group
         `group` stopped on a fault while handling that record (poison-pill guard)."""
         return f"{self.prefix}:strikes:{group}"
 

@@ -181,20 +181,66 @@ def result_head(head: bytes) -> tuple[str, str]:
     return (job or b"").decode(), (status or b"").decode()
 
 
+_SUCCEEDED_HEAD = re.compile(
+    rb'\{"v":1,"request_id":"[^"]*",(?:"job_id":"[^"]*",)?"status":"succeeded","response":'
+)
+_RESPONSE_END = b',"tool_call_errors":'
+
+
+def response_span(raw: bytes) -> tuple[int, int] | None:
+    """Where the `response` object of a stored *succeeded* result is in its JSON, found
+    without parsing it: a result can be megabytes, parsed at ~60x its size in Python
+    objects (one such answer OOM-killed `qbatch serve`), while its response goes out as
+    it is. The response follows the head and ends where `tool_call_errors` (always
+    written) begins; no key of that name lives inside a response, and no string value
+    holds an unescaped quote. None for anything else (a failure, an older layout)."""
+    found = _SUCCEEDED_HEAD.match(raw)
+    if found is None:
+        return None
+    start = found.end()
+    end = raw.find(_RESPONSE_END, start)
+    return (start, end) if end > start else None
+
+
+def light_result(raw: bytes, span: tuple[int, int]) -> ResultEnvelope:
+    """The stored result parsed without its response's `choices` (ids, model, usage,
+    timings: what accounting needs), at the cost of its small parts only. The choices
+    are the first `"choices"` key of the response and end where its top-level `"usage"`
+    begins (choices hold no such key)."""
+    start, end = span
+    choices = raw.find(b',"choices":[', start, end)
+    usage = raw.rfind(b',"usage":{', start, end)
+    if choices < 0 or usage < choices:
+        return ResultEnvelope.model_validate_json(raw)
+    return ResultEnvelope.model_validate_json(raw[:choices] + b',"choices":[]' + raw[usage:])
+
+
+def read_stored(raw: bytes) -> tuple[ResultEnvelope, tuple[int, int] | None]:
+    """A stored result for a reader that passes its response on as it is: the result
+    (without its response's choices when it succeeded: `light_result`) and where the
+    response is in `raw` (None: not a succeeded result of this layout; parsed whole)."""
+    span = response_span(raw)
+    if span is None:
+        return ResultEnvelope.model_validate_json(raw), None
+    return light_result(raw, span), span
+
+
 class ResultEnvelope(ResultModel):
     """Exactly one per request_id; `error` is set whenever status is not succeeded."""
 
     # Field order matters: `v`, `request_id`, `job_id`, `status` come first in the JSON,
-    # so the first RESULT_HEAD_BYTES of a stored result hold them (see there).
+    # so the first RESULT_HEAD_BYTES of a stored result hold them (see there); then
+    # `response`, followed by `tool_call_errors` (always written), so a reader can take
+    # the response's bytes as they are (`response_span`).
     v: Literal[1] = 1
     request_id: str
     job_id: str | None = None
     status: Status
+    response: ChatCompletion | Completion | None = None
+    tool_call_errors: list[ToolCallError] = Field(default_factory=list)
+    error: ErrorInfo | None = None
     custom_id: str | None = None
     metadata: dict[str, Any] | None = None
-    response: ChatCompletion | Completion | None = None
-    error: ErrorInfo | None = None
-    tool_call_errors: list[ToolCallError] = Field(default_factory=list)
     tool_loop: ToolLoopReport | None = None
     """Set on the result of a request run with `tool_loop`: its turns and their calls."""
     context: ContextReport | None = None

@@ -87,6 +87,11 @@ class ConnectionSettings(BaseSettings):
         description="Route table, model name/alias -> {topic, bulk_topic}, as JSON "
         "(`schemas.routes`); unset: one pool (topic / bulk_topic / lanes) for every model.",
     )
+    loop_key: SecretStr | None = Field(
+        None,
+        description="The key tool executors sign continuations with and workers check them "
+        "by (`schemas.loop_auth`); unset: one kept in Redis, made by the first that needs it.",
+    )
 
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None

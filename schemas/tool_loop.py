@@ -89,6 +89,9 @@ class LoopState(_Strict):
     abort: ErrorInfo | None = None
     """Set when the loop cannot go on (e.g. the continuation would break the envelope's
     limits): the worker answers the request with this error and the transcript, unrun."""
+    sig: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    """The executor's HMAC of the request id and the rest of this object
+    (`schemas.loop_auth`): a worker runs no `loop` without a valid one."""
 
 
 class ToolLoopReport(_Strict):

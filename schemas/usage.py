@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 # A token count: never negative, and far under what a 64-bit JSON reader holds even summed
 # over a long tool loop (a continuation carries its transcript's usage from the caller's
 # side of the wire, so its figures are validated like any input).
-TokenCount = Annotated[int, Field(ge=0, le=2**40)]
+TOKEN_BOUND = 2**40
+TokenCount = Annotated[int, Field(ge=0, le=TOKEN_BOUND)]
 
 
 class PromptTokensDetails(BaseModel):
@@ -52,20 +53,26 @@ class Usage(BaseModel):
             u.prompt_tokens_details or u.completion_tokens_details for u in (self, other)
         )
         return Usage(
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
-            completion_tokens=self.completion_tokens + other.completion_tokens,
-            total_tokens=self.total_tokens + other.total_tokens,
+            prompt_tokens=_add(self.prompt_tokens, other.prompt_tokens),
+            completion_tokens=_add(self.completion_tokens, other.completion_tokens),
+            total_tokens=_add(self.total_tokens, other.total_tokens),
             prompt_tokens_details=(
-                PromptTokensDetails(cached_tokens=cached(self) + cached(other))
+                PromptTokensDetails(cached_tokens=_add(cached(self), cached(other)))
                 if detailed
                 else None
             ),
             completion_tokens_details=(
-                CompletionTokensDetails(reasoning_tokens=reasoning(self) + reasoning(other))
+                CompletionTokensDetails(reasoning_tokens=_add(reasoning(self), reasoning(other)))
                 if detailed
                 else None
             ),
         )
+
+
+def _add(a: int, b: int) -> int:
+    """A sum held at TOKEN_BOUND: two counts at the bound (a forged transcript's) summed
+    once broke the worker thread that added them."""
+    return min(a + b, TOKEN_BOUND)
 
 
 ZERO_USAGE = Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)

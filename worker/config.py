@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
 from schemas.settings import ConnectionSettings
 from worker.lanes import LanePolicy
 
@@ -126,6 +127,20 @@ class WorkerSettings(ConnectionSettings):
     commit_interval_ms: float = Field(200.0, ge=0)
     poll_max_records: int = Field(2000, ge=1)
     write_batch_max: int = Field(512, ge=1, description="Results per Redis pipeline.")
+    max_result_bytes: int = Field(
+        DEFAULT_MAX_RESULT_BYTES,
+        ge=64 * 1024,
+        description="Largest result a request may ask for (choices x max_tokens x bytes a "
+        "token, logprobs counted: schemas.result_size): a larger one is refused before it "
+        "runs, and a result that still comes out larger is answered result_too_large.",
+    )
+    max_result_bytes_in_flight: int = Field(
+        1024 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="What the results of the requests in the engine can add up to (their "
+        "estimates): past it the dispatcher waits for results to be written before it "
+        "submits more (one request always runs).",
+    )
     write_batch_max_bytes: int = Field(
         32 * 1024 * 1024,
         ge=1024 * 1024,

@@ -23,6 +23,7 @@ from worker.engines.base import Engine, EngineOutput, EngineRequest
 from worker.logs import log
 from worker.records import DispatchQueue, Finished, Inbound, Reply, Running
 from worker.rendering import PromptRenderer
+from worker.result_budget import ResultBudget
 from worker.results import refused_result
 from worker.sinks.base import (
     NO_ADMISSION,
@@ -63,8 +64,10 @@ class Dispatcher:
         health: SinkHealth,
         dead_letter: Callable[[Inbound, ContractError], None],
         stall_s: float = 120.0,
+        budget: ResultBudget | None = None,
     ) -> None:
         self._stall_s = stall_s
+        self._budget = budget or ResultBudget(2**62)
         self.engine = engine
         self._renderer = renderer
         self.store = store
@@ -176,6 +179,12 @@ class Dispatcher:
         for run in runs:
             run.worker = shared
         if not requests:
+            return
+        if not self._budget.reserve(
+            sum(run.rendered.result_bytes for run in runs), self._stopping.is_set
+        ):  # stopping while the engine's results were over the budget: hand the batch back
+            for request in requests:
+                self._running.pop(request.key, None)
             return
         log.debug("batch_dispatched", batch_id=batch_id, size=len(requests))
         try:

@@ -5,7 +5,8 @@
 that request_id among the ids it is handling (or with any ids, when none is named).
 Points: `accept` (main loop, one record, once decoded), `dispatch` (dispatcher, one
 micro-batch), `write` (writer, one chunk, for requests that succeeded: a fault in how a
-response is written). Unset in production: `hit()` is then a dict lookup.
+response is written), `executor` (the tool executor, one poll's events). Unset in
+production: `hit()` is then a dict lookup.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from kafka.structs import TopicPartition
 
 from schemas import ContractError, decode_request
 from schemas.limits import MAX_ENVELOPE_BYTES
+from schemas.loop_auth import LoopSigner
+from schemas.ref import RequestRef
 from worker import failpoints, metrics
 from worker.bad_records import BadRecords
 from worker.batching import Batch, MicroBatcher
@@ -101,6 +103,8 @@ class Intake:
         """The record being accepted (what a fault in this loop is blamed on)."""
         self.bad = BadRecords(dead_letters, results_q, worker_info)
         self._keep_bytes = max(settings.dlq_max_record_bytes, MAX_ENVELOPE_BYTES)
+        self.signer: LoopSigner | None = None
+        """Checks continuations' loops (set at start, `Worker.run`); None: none runs."""
         """A record's value is kept whole up to this (every request that can run fits)."""
 
     # ------------------------------------------------------------------ one turn
@@ -173,6 +177,15 @@ class Intake:
             envelope = decode_request(consumed.value or b"", record.key)
         except ContractError as error:
             self.reject(record, tp, error, wall_ms, lane)
+            return
+        if envelope.loop is not None and not (self.signer and self.signer.valid(envelope)):
+            forged = ContractError(
+                "loop is set by a tool executor, and this one is not signed by this "
+                "deployment's executors (schemas.loop_auth): not run",
+                param="loop",
+                ref=RequestRef.of(envelope),
+            )
+            self.reject(record, tp, forged, wall_ms, lane)
             return
         failpoints.hit("accept", [envelope.request_id])
         item = Inbound(

@@ -136,6 +136,8 @@ class Reply:
     stored: bytes | None = None
     isolate: bool = False
     turn: ToolTurnEvent | None = None
+    reserved: int = 0
+    """The result bytes its request reserved (`worker.result_budget`), freed once written."""
     _encoded: tuple[int, bytes] | None = None
     _turn_bytes: bytes | None = None
 

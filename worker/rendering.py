@@ -49,6 +49,7 @@ from schemas.request import (
     content_text,
     media_parts,
 )
+from schemas.result_size import DEFAULT_MAX_RESULT_BYTES, ResultSize
 from worker import context_window as cw
 from worker.engines.base import EngineRequest, SamplingSpec
 from worker.forced_calls import ForcedCall, forced_call, forced_schema
@@ -137,6 +138,8 @@ class RenderedPrompt:
     conversation: ChatCompletionBody | None = None
     """Without a tokenizer (echo), the chat body (`text` is only the echoed part), for the
     echo engine's simulated prefix cache; a reference, so it costs nothing unused."""
+    result_bytes: int = 0
+    """How large its result can get (`schemas.result_size`), within max_result_bytes."""
 
     def engine_request(self, key: str, priority: int = 0) -> EngineRequest:
         return EngineRequest(
@@ -162,9 +165,12 @@ class PromptRenderer:
         default_max_tokens: int | None = None,
         generation_defaults: Mapping[str, Any] | None = None,
         modalities: Iterable[str] = ("text",),
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         """`modalities`: what the served model reads; media parts of another kind are
-        refused before rendering (a multimodal engine passes e.g. ("text", "image"))."""
+        refused before rendering (a multimodal engine passes e.g. ("text", "image")).
+        `max_result_bytes`: a request whose result could be larger is refused
+        (`result_too_large`, `schemas.result_size`)."""
         if max_model_len < 1:
             raise ValueError("max_model_len must be positive")
         self.tokenizer = tokenizer
@@ -182,6 +188,7 @@ class PromptRenderer:
         self._vocab_size = len(tokenizer) if tokenizer is not None else None
         self._think_end_id = _token_id(tokenizer, "</think>") if self._template_thinks else None
         self.modalities = frozenset(modalities)
+        self.max_result_bytes = max_result_bytes
 
     # ------------------------------------------------------------------ public
 
@@ -212,6 +219,11 @@ class PromptRenderer:
             body, prompt, report = self._fit(envelope.context, body, prompt, explicit)
         text, token_ids, n_prompt, reasoning, tools = prompt
         max_tokens = self._max_tokens(n_prompt, explicit, prompt_param, max_param)
+        size = ResultSize(body.choices(), max_tokens, body.top_logprobs_k())
+        if explicit is None:  # only the context's room: clamped to the result bound
+            size = size.fitting(self.max_result_bytes)
+            max_tokens = size.max_tokens
+        result_bytes = size.check(self.max_result_bytes, max_param=max_param)
         sampling = sampling_from_body(body, max_tokens, self.generation_defaults)
         forced = forced_call(body) if isinstance(body, ChatCompletionBody) else None
         if forced is not None and tools:
@@ -239,6 +251,7 @@ class PromptRenderer:
             conversation=(
                 body if self.tokenizer is None and isinstance(body, ChatCompletionBody) else None
             ),
+            result_bytes=result_bytes,
         )
 
     # ------------------------------------------------------------------ internals

@@ -19,7 +19,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_when_event_set, wait_fixed
+
 from schemas import WorkerInfo
+from schemas.loop_auth import LoopSigner, load_signer
 from worker import metrics
 from worker.commits import Committer, ConsumerCommitter, TransactionalCommitter
 from worker.config import WorkerSettings
@@ -32,6 +35,7 @@ from worker.kafka_io import RequestConsumer
 from worker.logs import log
 from worker.records import DispatchQueue, Finished, Reply
 from worker.rendering import PromptRenderer
+from worker.result_budget import ResultBudget
 from worker.sinks.base import ReplySink, SinkHealth
 from worker.sinks.kafka_sink import KafkaResultsSink
 from worker.sinks.redis_sink import RedisSink
@@ -74,6 +78,7 @@ class Worker:
                 settings.keys.strikes(settings.group),
             ),
         )
+        budget = ResultBudget(settings.max_result_bytes_in_flight)
         dispatch_q = DispatchQueue()
         results_q: queue.SimpleQueue[Reply | Finished | None] = queue.SimpleQueue()
         self._dispatch_q, self._results_q = dispatch_q, results_q
@@ -104,6 +109,7 @@ class Worker:
             health=self.health,
             dead_letter=lambda item, error: self.intake.dead_letter(item.record, error),
             stall_s=settings.redis_stall_timeout_s,
+            budget=budget,
         )
         self.writer = Writer(
             self.sinks,
@@ -120,6 +126,8 @@ class Worker:
             fingerprint=lambda: self.engine.fingerprint,
             chunk_max_bytes=settings.write_batch_max_bytes,
             stall_s=settings.redis_stall_timeout_s,
+            max_result_bytes=settings.max_result_bytes,
+            budget=budget,
         )
         self._threads: list[threading.Thread] = []
         self.on_stop: Callable[[], None] = lambda: None
@@ -151,12 +159,15 @@ class Worker:
     def run(self) -> int:
         """Serve until asked to stop; EXIT_OK after a clean stop, EXIT_FAULT after a fault."""
         self.engine.start()  # once: a no-op when the caller started it already
+        self.writer.max_result_bytes = limit = self.result_limit()
+        self.intake.signer = self.loop_signer()
         self._renderer = PromptRenderer(
             self.engine.tokenizer,
             max_model_len=self.engine.max_model_len,
             served_names=self.settings.served_names() | {self.engine.model_name},
             default_max_tokens=self.settings.default_max_tokens,
             generation_defaults=self.engine.generation_defaults,
+            max_result_bytes=limit,
         )
         self.state.engine_ready = True
         guard = self.supervisor.guard
@@ -206,6 +217,52 @@ class Worker:
         while not self._stop.is_set():
             self.state.last_loop = time.monotonic()
             self.intake.step()
+
+    def loop_signer(self) -> LoopSigner | None:
+        """What checks continuations (`schemas.loop_auth`): QBATCH_LOOP_KEY, else the key in
+        Redis; None without either (no Redis sink and no key: no loop runs)."""
+        store = next((s for s in self.sinks if isinstance(s, RedisSink)), None)
+        if self.settings.loop_key is None and store is None:
+            return None
+        client = store.client if store is not None else None
+        retrying = Retrying(  # Redis down at start: waited out like any outage
+            retry=retry_if_exception_type(Exception),  # redis-py's errors, a cluster's own
+            wait=wait_fixed(1.0),
+            stop=stop_when_event_set(self._stop),
+            # reported as Redis being down (log, qbatch_redis_up, readiness): nothing is
+            # consumed meanwhile, and with a refusing Redis nothing could be written anyway
+            before_sleep=lambda rs: (
+                self.health.failed(store, rs.outcome.exception() or RuntimeError("no loop key"))
+                if store is not None and rs.outcome is not None
+                else None
+            ),
+        )
+        try:
+            signer = retrying(
+                load_signer, self.settings.loop_key, client, self.settings.keys.loop_key()
+            )
+        except RetryError:  # stopped before Redis answered
+            return None
+        if store is not None:
+            self.health.recovered(store)
+        return signer
+
+    def result_limit(self) -> int:
+        """`max_result_bytes`, or less when Redis takes less in one value (its
+        `proto-max-bulk-len`, less 64 KiB for the script's other arguments): a larger
+        write would have its connection reset, and be retried for ever."""
+        limit = self.settings.max_result_bytes
+        store = next((s for s in self.sinks if isinstance(s, RedisSink)), None)
+        value_limit = store.value_limit() if store is not None else None
+        if value_limit is not None and value_limit - 65_536 < limit:
+            limit = max(65_536, value_limit - 65_536)
+            log.warning(
+                "max_result_bytes_lowered",
+                max_result_bytes=limit,
+                message=f"Redis takes at most {value_limit} bytes in one value "
+                "(proto-max-bulk-len): results are held under it",
+            )
+        return limit
 
     def _shutdown(self) -> bool:
         clean = False

@@ -46,16 +46,24 @@ from schemas import ConnectionSettings, ContractError, ErrorCode, ErrorInfo, Req
 from schemas.decode import encode_request
 from schemas.kafka_compat import cap_record_headers, repair_idempotent_reset
 from schemas.limits import MAX_ENVELOPE_BYTES
+from schemas.loop_auth import load_signer
 from schemas.redis_conn import connect, mget
 from schemas.tool_events import ToolTurnEvent
 from schemas.tool_loop import CallRecord, LoopState
-from worker import metrics
+from worker import failpoints, metrics
 from worker.health import ServiceState as ExecutorState
 from worker.logs import log
+from worker.records import SourceRecord
+from worker.supervision import StrikeBook, StrikeStore, Suspect, Verdict
 
 cap_record_headers()  # a record's headers cost memory without bound (kafka_compat, 5)
 
 T = TypeVar("T")
+UNKNOWN_TOOL_LABEL = "(unknown)"
+QUARANTINED = (
+    "the tool executor stopped on an internal fault twice while handling this event; it "
+    "is not handled again"
+)
 
 
 class ExecutorSettings(ConnectionSettings):
@@ -167,6 +175,12 @@ class ToolExecutor:
             **settings.redis_kwargs(),
         )
         self.ledger = CallLedger(self._redis, settings)
+        self.signer = load_signer(settings.loop_key, self._redis, settings.keys.loop_key())
+        """Signs every continuation's loop: workers run no other (`schemas.loop_auth`)."""
+        self._strike_store = StrikeStore(self._redis, settings.keys.strikes(settings.tools_group))
+        self.strikes = self._strike_store.load()
+        self.current: list[Any] = []
+        """The records being handled (what a fault is blamed on)."""
         self._consumer = KafkaConsumer(
             group_id=settings.tools_group,
             enable_auto_commit=False,
@@ -212,7 +226,9 @@ class ToolExecutor:
                 self.step()
         except Exception as exc:
             self.state.fault = f"{type(exc).__name__}: {exc}"
-            log.exception("executor_failed")
+            blamed = self.strikes.add(self.suspects())
+            log.exception("executor_failed", blamed=[StrikeBook.field_of(s) for s in blamed[:20]])
+            self._strike_store.record(blamed)
             return 70
         finally:
             for closer in (self._consumer.close, self._producer.close, self._redis.close):
@@ -224,36 +240,65 @@ class ToolExecutor:
         return 0
 
     def step(self) -> int:
+        """One poll: its events' calls run, their continuations published, then committed.
+
+        No event stops the executor twice (the worker's strike rule, `worker.supervision`):
+        a fault blames the events in hand (a strike each, in Redis); an event with one
+        strike is handled alone, so a second fault blames it and nothing else; an event
+        with two is not handled again but dead-lettered, its request answered
+        `tool_loop_aborted` when its envelope can be read."""
         polled = self._consumer.poll(timeout_ms=200, max_records=self.settings.tools_max_batch)
         self.state.assigned = len(self._consumer.assignment())
         records = [r for batch in polled.values() for r in batch]
         if not records:
             return 0
+        sources = [SourceRecord.of(r, MAX_ENVELOPE_BYTES) for r in records]
+        verdicts = [self.strikes.verdict(source) for source in sources]
+        together = [r for r, v in zip(records, verdicts, strict=True) if v is Verdict.run]
+        alone = [r for r, v in zip(records, verdicts, strict=True) if v is Verdict.isolate]
+        futures: list[Any] = []
+        handled = 0
+        for group in ([together] if together else []) + [[r] for r in alone]:
+            self.current = group
+            events, answers = self._decode_all(group)
+            failpoints.hit("executor", [event.request_id for event in events])
+            continuations = (*self.handle(events), *answers)
+            futures += [self._send(self.signer.sign(env)) for env in continuations]
+            handled += len(events)
+        self.current = []
+        for record, verdict in zip(records, verdicts, strict=True):
+            if verdict is Verdict.quarantine:
+                answer = self._dead_letter(record, QUARANTINED)
+                if answer is not None:
+                    futures.append(self._send(self.signer.sign(answer)))
+        self._producer.flush(timeout=30)
+        for future in futures:
+            future.get(timeout=0)  # raises the send's error: nothing is committed then
+        self._consumer.commit()
+        return handled
+
+    def _decode_all(self, records: list[Any]) -> tuple[list[ToolTurnEvent], list[RequestEnvelope]]:
         events: list[ToolTurnEvent] = []
         answers: list[RequestEnvelope] = []
+        now_ms = time.time_ns() // 1_000_000
         for record in records:
             decoded = self._decode(record)
             if isinstance(decoded, ToolTurnEvent):
                 events.append(decoded)
+                metrics.TOOL_TURN_LATENCY.observe(max(0, now_ms - decoded.emitted_ms) / 1000)
             elif decoded is not None:
                 answers.append(decoded)
-        continuations = [*self.handle(events), *answers]
-        futures = [
-            self._producer.send(
-                continuation_topic(self.settings, env),
-                key=env.request_id.encode(),
-                value=encode_request(env),
-            )
-            for env in continuations
-        ]
-        self._producer.flush(timeout=30)
-        for future in futures:
-            future.get(timeout=0)  # raises the send's error: nothing is committed then
-        now_ms = time.time_ns() // 1_000_000
-        for event in events:
-            metrics.TOOL_TURN_LATENCY.observe(max(0, now_ms - event.emitted_ms) / 1000)
-        self._consumer.commit()
-        return len(events)
+        return events, answers
+
+    def _send(self, env: RequestEnvelope) -> Any:
+        return self._producer.send(
+            continuation_topic(self.settings, env),
+            key=env.request_id.encode(),
+            value=encode_request(env),
+        )
+
+    def suspects(self) -> list[Suspect]:
+        return [SourceRecord.of(r, 0).suspect() for r in self.current]
 
     def handle(self, events: list[ToolTurnEvent]) -> list[RequestEnvelope]:
         """The continuations of a poll's turn events (Redis I/O, then the tools)."""
@@ -274,8 +319,9 @@ class ToolExecutor:
             fresh.append((event, call, key))
         ran = run_calls(self.registry, [call for _, call, _ in fresh])
         for (_, call, _), rec in zip(fresh, ran, strict=True):
-            metrics.TOOL_CALLS.labels(call.name, rec.error.value if rec.error else "ok").inc()
-            metrics.TOOL_CALL_SECONDS.labels(call.name).observe(rec.duration_ms / 1000)
+            name = self._label(call.name)
+            metrics.TOOL_CALLS.labels(name, rec.error.value if rec.error else "ok").inc()
+            metrics.TOOL_CALL_SECONDS.labels(name).observe(rec.duration_ms / 1000)
         items = [
             (key, rec, event.envelope.result_ttl_s)
             for (event, _, key), rec in zip(fresh, ran, strict=True)
@@ -283,7 +329,7 @@ class ToolExecutor:
         outcome = self._retry_redis(lambda: self.ledger.record(items))
         for key, rec in known.items():
             outcome[key] = rec.model_copy(update={"reused": True})
-            metrics.TOOL_CALLS.labels(rec.name, "reused").inc()
+            metrics.TOOL_CALLS.labels(self._label(rec.name), "reused").inc()
         first = {key: event for event, _, key in fresh}
         out: list[RequestEnvelope] = []
         for event in events:
@@ -297,20 +343,31 @@ class ToolExecutor:
             out.append(self._continue(event, mine))
         return out
 
+    def _label(self, name: str) -> str:
+        """A metric label: the tool's name when the registry has it, else one shared label
+        (each name a model made up once added series of its own, without bound)."""
+        return name if name in self.registry.names else UNKNOWN_TOOL_LABEL
+
     def _continue(self, event: ToolTurnEvent, records: list[CallRecord]) -> RequestEnvelope:
         try:
             nxt = continuation(event, records)
             metrics.TOOL_CONTINUATIONS.labels("continued").inc()
             return nxt
-        except ContinuationError as exc:
+        except Exception as exc:  # ContinuationError, or anything one event can cause
+            reason = (
+                str(exc)
+                if isinstance(exc, ContinuationError)
+                else f"the executor could not build it ({type(exc).__name__})"
+            )
             log.warning(
                 "continuation_aborted",
                 request_id=event.request_id,
                 turn=event.turn,
-                reason=str(exc),
+                reason=reason[:500],
+                error=f"{type(exc).__name__}: {exc}"[:500],
             )
             metrics.TOOL_CONTINUATIONS.labels("aborted").inc()
-            env = aborted(event, records, str(exc))
+            env = aborted(event, records, reason)
             if len(encode_request(env)) > MAX_ENVELOPE_BYTES:
                 assert env.loop is not None
                 env = env.model_copy(
@@ -326,8 +383,13 @@ class ToolExecutor:
             return ToolTurnEvent.model_validate_json(record.value or b"")
         except ValidationError as exc:
             reason = f"not a tool-turn event: {exc.errors(include_url=False)[:1]}"
-        answer = malformed_answer(record.value, reason)
         metrics.TOOL_EVENTS_BAD.inc()
+        return self._dead_letter(record, reason)
+
+    def _dead_letter(self, record: Any, reason: str) -> RequestEnvelope | None:
+        """The record to the DLQ with `reason`; the aborted continuation that answers its
+        request when its envelope can be read."""
+        answer = malformed_answer(record.value, reason)
         log.warning(
             "tool_event_bad",
             partition=record.partition,

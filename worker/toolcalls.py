@@ -44,6 +44,7 @@ from jsonschema.exceptions import best_match
 from pydantic import ValidationError
 
 from schemas import json_schema
+from schemas.limits import MAX_TOOLS
 from schemas.request import FunctionCall, Tool, ToolCall
 from schemas.result import ToolCallError
 
@@ -269,6 +270,9 @@ def parse_output(
             name, arguments, reason = _parse_block(inner, validators)
             if reason is None and single_call and calls:
                 reason = "not run: parallel_tool_calls is false and only the first call is kept"
+            if reason is None and len(calls) >= MAX_TOOLS:
+                # a turn's record holds at most this many calls (schemas.tool_loop)
+                reason = f"not run: a turn holds at most {MAX_TOOLS} tool calls"
             if reason is None and name is not None and arguments is not None:
                 calls.append(
                     ToolCall(

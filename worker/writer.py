@@ -24,10 +24,12 @@ from typing import TypeVar
 from schemas import ContractError, ErrorCode, ResultEnvelope, WorkerInfo
 from schemas.ref import RequestRef
 from schemas.replies import WriteReply, WriteStatus
+from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
 from worker import failpoints, metrics, tool_loop
 from worker.dead_letters import DeadLetters
 from worker.logs import log
 from worker.records import Done, Finished, Reply
+from worker.result_budget import ResultBudget
 from worker.results import duplicate_result, finished_result
 from worker.sinks.base import ReplySink, SinkHealth, SinkRefused
 from worker.sinks.retrying import GiveUp, retrying
@@ -55,9 +57,14 @@ class Writer:
         fingerprint: Callable[[], str | None] = lambda: None,
         chunk_max_bytes: int = 32 * 1024 * 1024,
         stall_s: float = 120.0,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        budget: ResultBudget | None = None,
     ) -> None:
         self._chunk_max_bytes = chunk_max_bytes
         self._stall_s = stall_s
+        self.max_result_bytes = max_result_bytes
+        """Set again by the worker at start when Redis takes less (`Worker.result_limit`)."""
+        self._budget = budget or ResultBudget(2**62)
         self._turn_max_bytes = turn_max_bytes
         self._fingerprint = fingerprint
         self.sinks = list(sinks)
@@ -118,6 +125,7 @@ class Writer:
                 self.write(chunk)
             except GiveUp:
                 log.warning("writer_gave_up", pending=len(chunk))
+            self._budget.release(sum(r.reserved for r in chunk))
             self.current = []
 
     def suspects(self) -> list[Suspect]:
@@ -147,22 +155,40 @@ class Writer:
             lane=inbound.lane,
             epoch=inbound.epoch,
             isolate=inbound.isolate,
+            reserved=item.running.rendered.result_bytes,
         )
-        if env.tool_loop is None:
-            return reply
-        try:
-            self._route_turn(reply, item, result)
-        except Exception as exc:  # a turn that cannot be built costs its request, not the writer
-            log.error("tool_turn_failed", request_id=env.request_id, error=repr(exc)[:300])
-            reply.turn = None
-            reply.result = ResultEnvelope.failure(
-                env,
-                ErrorCode.internal_error,
-                f"building the next tool-loop turn: {type(exc).__name__}: {exc}",
-                timings=result.timings,
-                worker=result.worker,
-            )
+        if env.tool_loop is not None:
+            try:
+                self._route_turn(reply, item, result)
+            except Exception as exc:  # a turn that cannot be built costs its request only
+                log.error("tool_turn_failed", request_id=env.request_id, error=repr(exc)[:300])
+                reply.turn = None
+                reply.result = ResultEnvelope.failure(
+                    env,
+                    ErrorCode.internal_error,
+                    f"building the next tool-loop turn: {type(exc).__name__}: {exc}",
+                    timings=result.timings,
+                    worker=result.worker,
+                )
+        self._bound_size(reply)
         return reply
+
+    def _bound_size(self, reply: Reply) -> None:
+        """A result larger than max_result_bytes (its estimate passed, its output did not:
+        very long tokens, say) is answered `result_too_large` instead of written: Redis
+        would reset the connection for a value past its limit, and the write be retried
+        for ever."""
+        result = reply.result
+        if result is None or len(reply.encoded()) <= self.max_result_bytes:
+            return
+        size = len(reply.encoded())
+        log.warning("result_too_large", request_id=result.request_id, bytes=size)
+        reply.result = _failed(
+            result,
+            ErrorCode.result_too_large,
+            f"the result came out {size:,} bytes, over the {self.max_result_bytes:,} "
+            "bytes results may have (max_result_bytes): lower max_tokens, n or top_logprobs",
+        )
 
     def _route_turn(self, reply: Reply, item: Finished, result: ResultEnvelope) -> None:
         """The reply of a tool-loop request: its final result, or the next turn for the
@@ -280,17 +306,10 @@ class Writer:
         self._dead_letter(reply, f"{store.name} refused the result: {why}")
         if result is None:
             return
-        failed = ResultEnvelope.failure(
-            RequestRef(
-                request_id=result.request_id,
-                job_id=result.job_id,
-                custom_id=result.custom_id,
-                metadata=result.metadata,
-            ),
+        failed = _failed(
+            result,
             ErrorCode.internal_error,
             f"the result could not be stored ({why}); the record is in the dead-letter topic",
-            timings=result.timings,
-            worker=result.worker,
         )
         reply.result = failed
         try:
@@ -363,6 +382,23 @@ def _observe(result: ResultEnvelope, now_ms: int, lane: str) -> None:
 
 def _epoch_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _failed(result: ResultEnvelope, code: ErrorCode, message: str) -> ResultEnvelope:
+    """An error answer in place of `result`, for the same request (its ids, metadata,
+    timings and worker kept), when the result itself cannot be delivered."""
+    return ResultEnvelope.failure(
+        RequestRef(
+            request_id=result.request_id,
+            job_id=result.job_id,
+            custom_id=result.custom_id,
+            metadata=result.metadata,
+        ),
+        code,
+        message,
+        timings=result.timings,
+        worker=result.worker,
+    )
 
 
 __all__ = ["Writer"]

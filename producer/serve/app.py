@@ -31,7 +31,10 @@ from producer.serve.auth import KeyRing
 from producer.serve.batch_request import new_batch_record
 from producer.serve.batches import (
     FINAL,
+    MAX_BATCH_LINES,
+    MAX_KEPT_BATCHES,
     MAX_WINDOW_HOURS,
+    RECORD_TTL_S,
     BatchRecord,
     BatchStatus,
     BatchStore,
@@ -43,6 +46,7 @@ from producer.serve.expiry import form_policy, policy_seconds
 from producer.serve.metrics import UsageRecorder
 from producer.serve.page import PAGE_BATCHES, register_page
 from producer.serve.runner import COLLECT_MARGIN_S, BatchRunner
+from producer.serve.sessions import Sessions
 from producer.serve.storage import PURPOSE_BATCH, FileStore, UploadTooLarge
 from producer.serve.sync import SyncSlots, request_timeout, run_sync
 from producer.serve.upkeep import Upkeep
@@ -50,6 +54,7 @@ from producer.serve.upload import FormReceiver, check_jsonl
 from producer.usage import UsageStore
 from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
 from schemas.errors import loc_to_param
+from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
 
 log = logging.getLogger("qbatch.serve")
 
@@ -72,6 +77,11 @@ class ServeConfig:
     max_sync_inflight: int = 256
     max_sync_inflight_per_tenant: int | None = None
     """One tenant's share of `max_sync_inflight` (None: all of it)."""
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+    """A request (sync, or a batch line) whose result could be larger is refused as it is
+    posted (`schemas.result_size`; the workers hold results to their own limit too)."""
+    max_batch_lines: int = MAX_BATCH_LINES
+    """Request lines a batch's input may hold (OpenAI's 50,000)."""
     reindex: bool = False
     """Index every stored file again at start (`--reindex`; else once per store)."""
     models: tuple[str, ...] = ()
@@ -102,7 +112,15 @@ def build_state(
     # A job hash must outlive the longest window (168 h) and the finalize after it.
     jobs = JobStore.of(client, job_ttl_s=MAX_WINDOW_HOURS * 3_600 + COLLECT_MARGIN_S)
     batches = BatchStore(client.redis, client.keys)
-    runner = BatchRunner(client, batches, jobs, storage)
+    runner = BatchRunner(
+        client,
+        batches,
+        jobs,
+        storage,
+        max_batch_lines=config.max_batch_lines,
+        max_result_bytes=config.max_result_bytes,
+        priority_range=lambda tenant: keyring.limits_for(tenant).priority_range,
+    )
     usage = UsageRecorder(UsageStore(client.redis, client.keys))
     runner.on_result = usage
     upkeep = Upkeep(storage, reindex_force=config.reindex)
@@ -202,10 +220,12 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit + MULTIPART_SLACK:
             raise _too_large(limit)
-        # before receiving: refused at once when it cannot fit
+        # before receiving: refused at once when it cannot fit; and a body without a
+        # length (chunked) is cut where the tenant's room ends, not only at the limit
         least = max(int(length) - MULTIPART_SLACK, 1) if length.isdigit() else 1
-        await _check_room(state, tenant, least)
-        receiver = FormReceiver(request.headers.get("content-type", ""), state.storage, limit)
+        room = await _check_room(state, tenant, least)
+        cap = limit if room is None else min(limit, room)
+        receiver = FormReceiver(request.headers.get("content-type", ""), state.storage, cap)
         try:
             async for chunk in request.stream():
                 receiver.feed(chunk)
@@ -246,6 +266,15 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
             )
         except UploadTooLarge:
             receiver.discard()
+            if cap < limit:  # the tenant's storage quota, not the upload limit
+                raise ApiError(
+                    413,
+                    f"Storage limit reached: this upload is larger than the {cap} bytes this "
+                    "key's tenant has left of its quota; delete files (DELETE "
+                    "/v1/files/{file_id}) to make room",
+                    code="storage_limit_reached",
+                    param="file",
+                ) from None
             raise _too_large(limit) from None
         except BaseException:
             receiver.discard()
@@ -299,11 +328,19 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         max_active = (
             state.keyring.limits_for(tenant).max_concurrent_batches or cfg.max_concurrent_batches
         )
-        if not await run_in_threadpool(state.batches.create, record, max_active):
+        refused = await run_in_threadpool(state.batches.create, record, max_active)
+        if refused == "active":
             raise ApiError(
                 429,
                 f"this key's tenant already has {max_active} batches in progress (the limit); "
                 "wait for one to finish",
+                code="batch_limit_reached",
+            )
+        if refused is not None:
+            raise ApiError(
+                429,
+                f"this key's tenant holds {MAX_KEPT_BATCHES:,} batch records (the limit; "
+                f"finished ones expire after {RECORD_TTL_S // 86_400} days)",
                 code="batch_limit_reached",
             )
         state.runner.wake()
@@ -336,7 +373,8 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         records, _more = state.batches.list(tenant, after=None, limit=PAGE_BATCHES)
         return [present(r) for r in records]
 
-    register_page(app, tenant_of, state.keyring, newest_batches)  # GET /: progress page
+    sessions = Sessions(state.client.redis, state.client.keys)
+    register_page(app, tenant_of, state.keyring, newest_batches, sessions)  # GET /: page
 
     @app.post("/v1/batches/{batch_id}/cancel")
     def cancel_batch(batch_id: str, tenant: Tenant) -> dict[str, Any]:
@@ -359,20 +397,28 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
 
     # ------------------------------------------------------------ sync + models
 
-    async def sync(request: Request, tenant: str, endpoint: str) -> JSONResponse:
+    async def sync(request: Request, tenant: str, endpoint: str) -> Response:
         body = await json_body(request, SYNC_BODY_BYTES)
         timeout = request_timeout(request.headers, cfg.sync_timeout_s, cfg.max_sync_timeout_s)
         status, payload = await slots.run(
-            tenant, run_sync, state.client, body, endpoint, timeout, tenant, state.usage
+            tenant,
+            run_sync,
+            state.client,
+            body,
+            endpoint,
+            timeout,
+            tenant,
+            state.usage,
+            cfg.max_result_bytes,
         )
-        return JSONResponse(payload, status_code=status)
+        return Response(payload, status_code=status, media_type="application/json")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request, tenant: Tenant) -> JSONResponse:
+    async def chat_completions(request: Request, tenant: Tenant) -> Response:
         return await sync(request, tenant, CHAT_ENDPOINT)
 
     @app.post("/v1/completions")
-    async def completions(request: Request, tenant: Tenant) -> JSONResponse:
+    async def completions(request: Request, tenant: Tenant) -> Response:
         return await sync(request, tenant, COMPLETIONS_ENDPOINT)
 
     def model_object(name: str) -> dict[str, Any]:
@@ -380,6 +426,11 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
 
     routes = state.client.routes
     served = tuple(routes.models) if routes is not None else cfg.models  # the table rules
+    if not served:
+        log.warning(
+            "serve: /v1/models lists nothing: give --models (the names your workers serve) "
+            "or a route table"
+        )
 
     @app.get("/v1/models")
     def list_models(tenant: Tenant) -> dict[str, Any]:
@@ -403,18 +454,19 @@ def _too_large(limit: int) -> ApiError:
     )
 
 
-async def _check_room(state: ServeState, tenant: str, size: int | None) -> None:
+async def _check_room(state: ServeState, tenant: str, size: int | None) -> int | None:
     """With a storage quota for the tenant (`KeyRing.storage_quota`), refuse unless `size`
     more bytes (an upload's) fit in it, or, for a batch (`size` None), unless the tenant
     is under it: a batch's outputs are always stored, so a full tenant starts none (those
     started under it may still take it past by their outputs). A soft limit: requests
-    racing on several connections may each pass."""
+    racing on several connections may each pass. Returns the bytes still free (None:
+    no quota)."""
     quota = state.keyring.storage_quota(tenant, state.config.max_storage_bytes)
     if quota is None:
-        return
+        return None
     used = await run_in_threadpool(state.storage.usage, tenant)
     if used + (size or 1) <= quota:
-        return
+        return quota - used
     what = "a batch" if size is None else f"an upload of {size} bytes"
     log.info("serve: %s's %s refused: %d of %d bytes used", tenant, what, used, quota)
     held = f"Storage limit reached: this key's tenant's files hold {used} of its {quota} bytes"

@@ -12,7 +12,7 @@ Two sources, both read once at start:
           tenant: team-a
       tenants:                      # optional per-tenant limits
         team-a: {max_upload_bytes: 104857600, max_concurrent_batches: 4,
-                 max_storage_bytes: 10737418240}
+                 max_storage_bytes: 10737418240, min_priority: -10, max_priority: 10}
 
   (`printf %s "$KEY" | sha256sum` gives a digest.)
 
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from schemas import limits
 from schemas.documents import DocumentError, read_document
 
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -56,9 +57,21 @@ class TenantLimits:
     max_concurrent_batches: int | None = None
     max_storage_bytes: int | None = None
     """0: no quota for this tenant, whatever `--max-storage-bytes` says."""
+    min_priority: int | None = None
+    max_priority: int | None = None
+    """The `priority` its batch lines may ask for (clamped into it); without it, 0 only:
+    a line's priority orders it among every tenant's lines in the engine, so any range
+    is a grant (one tenant's -2147483647 once jumped every other tenant's lines)."""
+
+    @property
+    def priority_range(self) -> tuple[int, int]:
+        low = self.min_priority if self.min_priority is not None else 0
+        high = self.max_priority if self.max_priority is not None else 0
+        return (low, max(low, high))
 
 
 LIMIT_FIELDS = frozenset(f.name for f in fields(TenantLimits))
+SIGNED_FIELDS = frozenset({"min_priority", "max_priority"})
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,15 @@ def _limit(value: object, where: str, *, zero_ok: bool) -> int | None:
     return value
 
 
+def _signed(value: object, where: str) -> int | None:
+    if value is None:
+        return None
+    bound = limits.PRIORITY_BOUND
+    if isinstance(value, bool) or not isinstance(value, int) or not -bound < value < bound:
+        raise KeysError(f"{where}: must be an integer between -{bound} and {bound}")
+    return value
+
+
 def parse_keys_document(doc: Any, source: str) -> KeyRing:
     """A keys file's parsed content (JSON or YAML) -> a KeyRing."""
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
@@ -157,7 +179,9 @@ def parse_keys_document(doc: Any, source: str) -> KeyRing:
             raise KeysError(f"{where}: expected a mapping of {', '.join(sorted(LIMIT_FIELDS))}")
         limits[name] = TenantLimits(
             **{
-                k: _limit(spec.get(k), f"{where}.{k}", zero_ok=k in UNLIMITED_WITH_ZERO)
+                k: _signed(spec.get(k), f"{where}.{k}")
+                if k in SIGNED_FIELDS
+                else _limit(spec.get(k), f"{where}.{k}", zero_ok=k in UNLIMITED_WITH_ZERO)
                 for k in sorted(LIMIT_FIELDS)
             }
         )

@@ -21,6 +21,11 @@ from producer.serve.storage import PURPOSE_BATCH, FileStore
 INPUT_MARGIN_S = 3_600
 """How long an input file must outlive its batch's window: the runner may read it again
 after the window (to answer lines nobody answered, `expiry_grace_s` later)."""
+METADATA_PAIRS = 16
+METADATA_KEY_CHARS = 64
+METADATA_VALUE_CHARS = 512
+"""OpenAI's metadata limits: 16 pairs, 64-character keys, 512-character values (a batch
+record echoes its metadata with every read)."""
 BATCH_FIELDS = {
     "input_file_id",
     "endpoint",
@@ -59,12 +64,20 @@ def new_batch_record(storage: FileStore, tenant: str, body: Any) -> BatchRecord:
     metadata = body.get("metadata")
     if metadata is not None and not (
         isinstance(metadata, dict)
-        and len(metadata) <= 16
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+        and len(metadata) <= METADATA_PAIRS
+        and all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= METADATA_KEY_CHARS
+            and len(v) <= METADATA_VALUE_CHARS
+            for k, v in metadata.items()
+        )
     ):
         raise ApiError(
             400,
-            "metadata must be at most 16 string keys with string values",
+            f"metadata must be at most {METADATA_PAIRS} string keys of at most "
+            f"{METADATA_KEY_CHARS} characters with string values of at most "
+            f"{METADATA_VALUE_CHARS} (OpenAI's limits)",
             code="invalid_request",
             param="metadata",
         )

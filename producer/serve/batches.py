@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from producer.bulk import Defaults, InputFormat, Scan, scan_lines
+from producer.bulk import Defaults, InputFormat, Line, Scan, scan_lines
 from producer.job_view import JobView
 from producer.serve.errors import openai_code
 from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, RedisKeys
@@ -40,6 +40,13 @@ MAX_MESSAGE_CHARS = 500
 MAX_PARAM_CHARS = 200
 """At most this many per-line errors are kept on a failed batch (the rest are counted)."""
 MAX_WINDOW_HOURS = 168
+RECORD_TTL_S = 30 * 86_400
+"""A finished batch's record lives this long, or as long as its output files when they
+are given a longer `output_expires_after`."""
+MAX_KEPT_BATCHES = 10_000
+"""Batch records one tenant may hold (finished ones expire after RECORD_TTL_S)."""
+MAX_BATCH_LINES = 50_000
+"""Request lines one batch may hold (OpenAI's limit; `--max-batch-lines`)."""
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")
 
 
@@ -191,11 +198,11 @@ def _error(code: str, line: int | None, message: str, param: str | None) -> dict
     return {"code": code, "line": line, "message": message, "param": param}
 
 
-def _capped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _capped(errors: list[dict[str, Any]], dropped: int = 0) -> list[dict[str, Any]]:
     """At most MAX_ERRORS entries and MAX_ERRORS_BYTES of JSON, then one entry saying how
-    many more there were: the list is stored in the batch hash and sent with every read
-    of the batch, and a failed batch does not count towards the active-batch limit, so
-    its size must not follow the size of the file."""
+    many more there were (`dropped`: errors not even kept): the list is stored in the
+    batch hash and sent with every read of the batch, and a failed batch does not count
+    towards the active-batch limit, so its size must not follow the size of the file."""
     kept: list[dict[str, Any]] = []
     size = 0
     for entry in errors[:MAX_ERRORS]:
@@ -203,53 +210,98 @@ def _capped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if size > MAX_ERRORS_BYTES:
             break
         kept.append(entry)
-    if len(kept) < len(errors):
-        more = len(errors) - len(kept)
+    if len(kept) < len(errors) or dropped:
+        more = len(errors) - len(kept) + dropped
         kept.append(_error("too_many_errors", None, f"{more} more bad lines not listed", None))
     return kept
 
 
-def validate_input(
-    texts: Iterable[str], batch_id: str, endpoint: str, defaults: Defaults | None = None
-) -> tuple[Scan, list[dict[str, Any]]]:
-    """Scan a batch's input file with the bulk jobs' own line validation; returns the
-    scan and OpenAI's per-line errors (`{code, line, message, param}`), empty when every
-    line is good. As OpenAI does, one bad line fails the whole batch (nothing is run):
-    bad JSON, an unknown `url` (endpoint), a `url` other than the batch's endpoint, a
-    body the contract refuses (naming the field), a repeated `custom_id`."""
-    scan = scan_lines(texts, batch_id, defaults=defaults)
-    errors: list[dict[str, Any]] = []
-    if scan.format is InputFormat.native:
-        errors.append(
-            _error(
-                "invalid_request",
-                scan.lines[0].line,
-                "not an OpenAI Batch input line (expected custom_id, method, url, body)",
-                None,
-            )
-        )
-    for line in scan.lines:
+class InputCheck:
+    """OpenAI's per-line errors of a batch input (`{code, line, message, param}`), gathered
+    as the lines go by (`visit`, e.g. from `producer.stream_scan.scan_stream`), at most
+    MAX_ERRORS of them kept. As OpenAI does, one bad line fails the whole batch (nothing
+    is run): bad JSON, an unknown `url` (endpoint), a `url` other than the batch's
+    endpoint, a body the contract refuses (naming the field), a repeated `custom_id`, a
+    line whose result could pass the server's `max_result_bytes`; and a native envelope
+    file, an empty file, or one of more than `max_lines` request lines."""
+
+    def __init__(self, endpoint: str, max_lines: int | None = None) -> None:
+        self.endpoint = endpoint
+        self.max_lines = max_lines
+        self.errors: list[dict[str, Any]] = []
+        self.more = 0
+
+    def _add(self, entry: dict[str, Any]) -> None:
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(entry)
+        else:
+            self.more += 1
+
+    def visit(self, line: Line) -> None:
         if line.error is not None:
             message = line.error.message
             param = None if line.error.param == "(line)" else line.error.param
             duplicate = line.error.param == "custom_id" and "duplicate custom_id" in message
             code = "duplicate_custom_id" if duplicate else openai_code(line.error.code)
-            errors.append(_error(code, line.line, message, param))
-        elif line.envelope is not None and line.envelope.endpoint != endpoint:
-            errors.append(
+            self._add(_error(code, line.line, message, param))
+        elif line.envelope is not None and line.envelope.endpoint != self.endpoint:
+            self._add(
                 _error(
                     "mismatched_endpoint",
                     line.line,
-                    f"url {line.envelope.endpoint!r} is not the batch's endpoint {endpoint!r}",
+                    f"url {line.envelope.endpoint!r} is not the batch's endpoint {self.endpoint!r}",
                     "url",
                 )
             )
-    if not scan.lines:
-        errors.append(_error("empty_file", None, "the input file holds no requests", None))
-    return scan, _capped(errors)
+
+    def result(
+        self, fmt: InputFormat | None, total: int, first: int | None, over_limit: bool = False
+    ) -> list[dict[str, Any]]:
+        """The errors, capped (`first`: the first request line's number)."""
+        head: list[dict[str, Any]] = []
+        if fmt is InputFormat.native:
+            head.append(
+                _error(
+                    "invalid_request",
+                    first,
+                    "not an OpenAI Batch input line (expected custom_id, method, url, body)",
+                    None,
+                )
+            )
+        if over_limit:
+            head.append(
+                _error(
+                    "too_many_lines",
+                    None,
+                    f"a batch holds at most {self.max_lines:,} request lines "
+                    "(--max-batch-lines; OpenAI's is 50,000): split the file",
+                    None,
+                )
+            )
+        if not total:
+            head.append(_error("empty_file", None, "the input file holds no requests", None))
+        return _capped(head + self.errors, self.more)
+
+
+def validate_input(
+    texts: Iterable[str], batch_id: str, endpoint: str, defaults: Defaults | None = None
+) -> tuple[Scan, list[dict[str, Any]]]:
+    """A batch input held as text, checked whole (`InputCheck`; `qbatch serve` streams
+    its inputs through `producer.stream_scan` instead)."""
+    scan = scan_lines(texts, batch_id, defaults=defaults)
+    check = InputCheck(endpoint)
+    for line in scan.lines:
+        check.visit(line)
+    first = scan.lines[0].line if scan.lines else None
+    return scan, check.result(scan.format, scan.total, first)
 
 
 # ---------------------------------------------------------------- Redis
+
+
+def record_ttl(record: BatchRecord) -> int:
+    """How long a finished batch's record is kept (see `BatchStore.finish`)."""
+    return max(RECORD_TTL_S, record.output_expires_after_s or 0)
 
 
 class BatchStore:
@@ -259,19 +311,29 @@ class BatchStore:
         self.redis = redis_client
         self.keys = keys
 
-    def create(self, record: BatchRecord, max_active: int) -> bool:
+    def create(
+        self, record: BatchRecord, max_active: int, max_kept: int = MAX_KEPT_BATCHES
+    ) -> str | None:
         """Store a new batch unless its tenant already has `max_active` batches running
-        (False). Check and insert are one transaction (WATCH), so concurrent creates
-        cannot overshoot the limit."""
+        ("active") or `max_kept` batch records (finished ones expire after
+        `RECORD_TTL_S`: "kept"); None when stored. Check and insert are one transaction
+        (WATCH), so concurrent creates cannot overshoot the limits."""
         active = self.keys.serve_tenant_active(record.tenant)
+        index = self.keys.serve_tenant_batches(record.tenant)
+        now_ms = int(time.time() * 1000)
         with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(active)
+                    pipe.watch(active, index)
                     if pipe.scard(active) >= max_active:
                         pipe.unwatch()
-                        return False
+                        return "active"
+                    stale = pipe.zcount(index, "-inf", now_ms - RECORD_TTL_S * 1000)
+                    if pipe.zcard(index) - stale >= max_kept:
+                        pipe.unwatch()
+                        return "kept"
                     pipe.multi()
+                    pipe.zremrangebyscore(index, "-inf", now_ms - RECORD_TTL_S * 1000)
                     pipe.hset(self.keys.serve_batch(record.id), mapping=record.to_hash())
                     pipe.zadd(
                         self.keys.serve_tenant_batches(record.tenant),
@@ -280,7 +342,7 @@ class BatchStore:
                     pipe.sadd(active, record.id)
                     pipe.sadd(self.keys.serve_active(), record.id)
                     pipe.execute()
-                    return True
+                    return None
                 except redis.WatchError:
                     continue
 
@@ -322,8 +384,12 @@ class BatchStore:
                     continue
 
     def finish(self, record: BatchRecord, **values: Any) -> None:
-        """Write the final fields and take the batch off the active sets."""
+        """Write the final fields, take the batch off the active sets, and let its record
+        expire (`record_ttl`: with its output files, or after RECORD_TTL_S): records
+        once lived for ever, and creating batches was unlimited (40 creates of 16 KiB
+        metadata: 4 MB in Redis, no TTL)."""
         self.update(record.id, **values)
+        self.redis.expire(self.keys.serve_batch(record.id), record_ttl(record))
         self.redis.srem(self.keys.serve_tenant_active(record.tenant), record.id)
         self.redis.srem(self.keys.serve_active(), record.id)
 
@@ -342,7 +408,13 @@ class BatchStore:
                 return [], False
             start = rank + 1
         ids = [_s(x) for x in self.redis.zrevrange(index, start, start + limit)]
-        records = [r for r in (self.load(i) for i in ids[:limit]) if r is not None]
+        records = []
+        for batch_id in ids[:limit]:
+            record = self.load(batch_id)
+            if record is None:  # expired: out of the index too
+                self.redis.zrem(index, batch_id)
+            else:
+                records.append(record)
         return records, len(ids) > limit
 
 
@@ -350,9 +422,11 @@ __all__ = [
     "BATCH_ID",
     "ENDPOINTS",
     "FINAL",
+    "MAX_BATCH_LINES",
     "BatchRecord",
     "BatchStatus",
     "BatchStore",
+    "InputCheck",
     "batch_object",
     "new_batch_id",
     "request_counts",

@@ -54,6 +54,10 @@ async def json_body(request: Request, limit: int) -> Any:
         return json.loads(raw)
     except ValueError:  # JSONDecodeError and UnicodeDecodeError both
         raise ApiError(400, "the request body is not JSON", code="invalid_json") from None
+    except RecursionError:  # nested past the parser's depth: the body's fault, not a 500
+        raise ApiError(
+            400, "the request body is nested too deeply to read", code="invalid_json"
+        ) from None
 
 
 __all__ = ["BATCH_BODY_BYTES", "SYNC_BODY_BYTES", "json_body", "read_body", "too_large"]

@@ -3,11 +3,15 @@ counts, a progress bar, rate and ETA), server-rendered HTML that refreshes itsel
 (`<meta http-equiv=refresh>`; no JavaScript at all).
 
 Auth: the same keys as the API. A browser cannot send `Authorization: Bearer`, so the
-page also takes the key from the cookie `qbatch_key`, set by the page's own sign-in form
-(`POST /login`, a form body: it never appears in a URL, so never in an access log or the
-browser history; the cookie is HttpOnly, SameSite=Strict, Secure on https). The API
-routes take the header only, so the cookie cannot drive them (no CSRF on `/v1`).
-A key in a query string is not accepted, on purpose. Nothing here logs a key.
+page's own sign-in form (`POST /login`, a form body: a key never appears in a URL, so
+never in an access log or the browser history) trades a key for a *session*: a random
+token in the cookie `qbatch_session` (HttpOnly, SameSite=Strict, Secure on https), its
+tenant in Redis for 12 hours under the token's SHA-256 (`producer.serve.sessions`); the
+cookie never holds the key. `POST /login` refuses a cross-site post (`Origin` or
+`Sec-Fetch-Site` naming another site: no login CSRF), and the page may not be framed
+(`frame-ancestors 'none'`). The API routes take the header only, so the cookie cannot
+drive them (no CSRF on `/v1`). A key in a query string is not accepted, on purpose.
+Nothing here logs a key or a token.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from producer.serve.bodies import read_body
+from producer.serve.sessions import SESSION_S
 
-COOKIE = "qbatch_key"
+COOKIE = "qbatch_session"
+NO_FRAMES = {"Content-Security-Policy": "frame-ancestors 'none'", "X-Frame-Options": "DENY"}
 REFRESH_S = 5
 MAX_FORM_BYTES = 4_096
 PAGE_BATCHES = 100
@@ -152,48 +158,74 @@ def render_login(message: str = "") -> str:
     )
 
 
+def same_site(request: Request) -> bool:
+    """Whether a form post comes from this site: `Sec-Fetch-Site` (browsers send it) is
+    `same-origin` or `none` (typed, a bookmark), and `Origin`, when sent, is this
+    server's own. A request without either (curl, an old browser) passes."""
+    fetch_site = request.headers.get("sec-fetch-site")
+    if fetch_site is not None and fetch_site not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    if origin is None or (origin == "null" and fetch_site in ("same-origin", "none")):
+        return True
+    own = f"{request.url.scheme}://{request.headers.get('host', request.url.netloc)}"
+    return origin == own
+
+
 def register_page(
     app: FastAPI,
     tenant_of: Callable[[Request], str],
     keyring: Any,
     batches: Callable[[str], list[dict[str, Any]]],
+    sessions: Any,
 ) -> None:
     """Add `GET /`, `POST /login` and `POST /logout` to the app. `tenant_of`: the API's
-    header auth; `batches(tenant)`: the tenant's newest Batch objects."""
+    header auth; `batches(tenant)`: the tenant's newest Batch objects; `sessions`: a
+    `producer.serve.sessions.Sessions`."""
 
     def page_tenant(request: Request) -> str | None:
         if request.headers.get("authorization"):
             return tenant_of(request)  # a bad header is the API's 401, not a form
-        key = request.cookies.get(COOKIE)
-        return keyring.tenant_for(key) if key else None
+        token = request.cookies.get(COOKIE)
+        return sessions.tenant(token) if token else None
 
     @app.get("/", response_class=HTMLResponse)
     def progress_page(request: Request) -> Response:
         tenant = page_tenant(request)
         if tenant is None:
-            return HTMLResponse(render_login(), status_code=401)
-        return HTMLResponse(render_page(tenant, batches(tenant), time.time()))
+            return HTMLResponse(render_login(), status_code=401, headers=NO_FRAMES)
+        return HTMLResponse(render_page(tenant, batches(tenant), time.time()), headers=NO_FRAMES)
 
     @app.post("/login")
     async def login(request: Request) -> Response:
+        if not same_site(request):
+            return HTMLResponse(
+                render_login("Sign in from this page."), status_code=403, headers=NO_FRAMES
+            )
         raw = await read_body(request, MAX_FORM_BYTES)
         key = (parse_qs(raw.decode("utf-8", "replace")).get("key") or [""])[0].strip()
-        if not key or keyring.tenant_for(key) is None:
-            return HTMLResponse(render_login("That key is not valid."), status_code=401)
-        response = RedirectResponse("/", status_code=303)
+        tenant = keyring.tenant_for(key) if key else None
+        if tenant is None:
+            return HTMLResponse(
+                render_login("That key is not valid."), status_code=401, headers=NO_FRAMES
+            )
+        response = RedirectResponse("/", status_code=303, headers=NO_FRAMES)
         response.set_cookie(
             COOKIE,
-            key,
+            sessions.open(tenant),
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
-            max_age=12 * 3600,
+            max_age=SESSION_S,
         )
         return response
 
     @app.post("/logout")
-    def logout() -> Response:
-        response = RedirectResponse("/", status_code=303)
+    def logout(request: Request) -> Response:
+        token = request.cookies.get(COOKIE)
+        if token:
+            sessions.close(token)
+        response = RedirectResponse("/", status_code=303, headers=NO_FRAMES)
         response.delete_cookie(COOKIE)
         return response
 

@@ -30,39 +30,41 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from producer.batch_output import local_result
-from producer.bulk import Defaults, jsonl_lines, request_id_for
+from producer.bulk import Defaults
 from producer.client import QBatchClient
 from producer.collect import collect_job
 from producer.job_view import TERMINAL, JobView
 from producer.jobs import (
     DEFAULT_CHUNK,
     JobStore,
-    file_sha256,
     submit_job,
 )
-from producer.line_sources import LineSource, TextLines
+from producer.line_sources import LineSource
 from producer.placement import PrefixPlanner
+from producer.serve.batch_strikes import QUARANTINED, BatchStrikes
 from producer.serve.batches import (
     FINAL,
+    MAX_BATCH_LINES,
     BatchRecord,
     BatchStatus,
     BatchStore,
+    InputCheck,
     request_counts,
-    validate_input,
 )
+from producer.serve.late_lines import late_from_lines, late_from_numbers
 from producer.serve.storage import PURPOSE_OUTPUT, FileStore
-from schemas import ErrorCode, ErrorInfo, JobStatus, ResultEnvelope, Status, limits
-from schemas.ref import RequestRef
-from schemas.result import Timings
+from producer.stream_scan import StreamScan, scan_stream
+from schemas import JobStatus, ResultEnvelope, Status, limits
+from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
 from schemas.settings import BULK
 
 log = logging.getLogger("qbatch.serve")
@@ -102,7 +104,15 @@ class BatchRunner:
         chunk: int = DEFAULT_CHUNK,
         submit_slice_s: float = 2.0,
         expiry_grace_s: float = 300.0,
+        max_batch_lines: int = MAX_BATCH_LINES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        priority_range: Callable[[str], tuple[int, int]] = lambda tenant: (0, 0),
     ) -> None:
+        self.max_batch_lines = max_batch_lines
+        self.max_result_bytes = max_result_bytes
+        self.priority_range = priority_range
+        """A tenant's batch lines' priority range (`TenantLimits.priority_range`)."""
+        self.strikes = BatchStrikes(batches.redis, batches.keys)
         self.client = client
         self.batches = batches
         self.jobs = jobs
@@ -130,6 +140,9 @@ class BatchRunner:
     # ------------------------------------------------------------ thread
 
     def start(self) -> None:
+        crashed = self.strikes.recover()
+        if crashed is not None:
+            log.error("serve runner: the last server died stepping batch %s (a strike)", crashed)
         self._thread = threading.Thread(target=self._run, name="qbatch-serve-runner", daemon=True)
         self._thread.start()
 
@@ -156,24 +169,37 @@ class BatchRunner:
         except Exception:
             log.exception("serve runner: cannot list active batches")
             return
+        validated: set[str] = set()  # tenants whose batch was validated in this pass
         for batch_id in ids:
             if self._stop.is_set():
                 return
             try:
-                self.advance(batch_id)
+                self.strikes.mark(batch_id)
+                self.advance(batch_id, validated)
+                self.strikes.clear()
             except Exception:
                 log.exception("serve runner: batch %s: step failed; retrying next tick", batch_id)
 
     # ------------------------------------------------------------ steps
 
-    def advance(self, batch_id: str) -> None:
+    def advance(self, batch_id: str, validated: set[str] | None = None) -> None:
+        """One step of the batch. `validated`: the tenants that had a batch validated in
+        this pass; another of theirs waits for the next pass (which comes at once), so one
+        tenant's many large files (~2 s a 50,000-line file) do not hold the others'."""
         record = self.batches.load(batch_id)
         if record is None:
             self.batches.redis.srem(self.batches.keys.serve_active(), batch_id)
             return
-        if record.status in FINAL:
+        if record.status not in FINAL and self.strikes.quarantined(batch_id):
+            self._fail(record, "internal_error", QUARANTINED)
+        elif record.status in FINAL:
             self.batches.finish(record)
         elif record.status == BatchStatus.validating:
+            if validated is not None and record.tenant in validated:
+                self.wake()
+                return
+            if validated is not None:
+                validated.add(record.tenant)
             self._validate(record)
         elif record.status in DRIVEN:
             self._drive(record)
@@ -200,29 +226,36 @@ class BatchRunner:
 
     def _scan(self, record: BatchRecord) -> tuple[LineSource, str, list[dict[str, Any]]] | None:
         """The validated input (its lines, sha256, errors), or None when the file is gone.
-        A valid file is kept as `TextLines` (its text), not as the parsed scan."""
+        Streamed from the store twice (`producer.stream_scan`: validated, then published),
+        so memory does not follow the file's size (a 70 MB upload held ~35x itself and
+        killed the server at every restart); at most `max_batch_lines` request lines."""
         cached = self._scans.get(record.id)
         if cached is not None:
             return cached[0], cached[1], []
         stored = self.storage.get(record.input_file_id, record.tenant)
         if stored is None:
             return None
-        deadline = datetime.fromtimestamp(record.expires_at, UTC)
-        with self.storage.local_copy(stored) as path:
-            with path.open("r", encoding="utf-8-sig", errors="replace", newline="") as fh:
-                texts = jsonl_lines(fh.read())
-            sha = file_sha256(path)
         defaults = Defaults(
             routes=self.client.routes,
-            deadline=deadline,
+            max_result_bytes=self.max_result_bytes,
+            priority_range=self.priority_range(record.tenant),
+            deadline=datetime.fromtimestamp(record.expires_at, UTC),
             result_ttl_s=result_ttl_for(record.expires_at, time.time()),
         )
-        scan, errors = validate_input(texts, record.id, record.endpoint, defaults)
-        if errors:
-            return scan, sha, errors
-        lines = TextLines(scan, texts, record.id, defaults=defaults)
-        self._scans[record.id] = (lines, sha)
-        return lines, sha, errors
+        check = InputCheck(record.endpoint, self.max_batch_lines)
+        scan = scan_stream(
+            lambda: self.storage.iter_bytes(stored),
+            record.id,
+            defaults=defaults,
+            visit=check.visit,
+            max_lines=self.max_batch_lines,
+            errors="replace",
+        )
+        first = scan.numbers[0] if scan.numbers else None
+        errors = check.result(scan.format, scan.total, first, scan.over_limit)
+        if not errors:
+            self._scans[record.id] = (scan, scan.sha256)
+        return scan, scan.sha256, errors
 
     def _validate(self, record: BatchRecord) -> None:
         found = self._scan(record)
@@ -281,7 +314,7 @@ class BatchRunner:
                 )
                 return
             scan, sha, _errors = found
-            if isinstance(scan, TextLines) and (view is None or view.submitted == 0):
+            if isinstance(scan, StreamScan) and (view is None or view.submitted == 0):
                 self.jobs.remember_lines(record.id, scan.numbers)
             report = submit_job(
                 self.client,
@@ -345,17 +378,10 @@ class BatchRunner:
         was deleted or no longer validates, from the line numbers stored before
         publishing (`JobStore.remember_lines`; custom_id then null)."""
         ms = int(time.time() * 1000)
-        late = ErrorInfo(
-            code=ErrorCode.deadline_exceeded,
-            message="the batch's completion window ended before this line was answered",
-        )
         found = self._scan(record)
+        items: Iterator[tuple[ResultEnvelope, int]]
         if found is not None and not found[2]:
-            results = [
-                (local_result(line, record.id, Status.expired, late, ms), env.result_ttl_s)
-                for line in found[0].lines_from(0)
-                if (env := line.envelope) is not None
-            ]
+            items = late_from_lines(record.id, found[0].lines_from(0), ms)
         else:
             numbers = self.jobs.remembered_lines(record.id)
             if numbers is None:
@@ -366,19 +392,10 @@ class BatchRunner:
                     )
                 return
             ttl = result_ttl_for(record.expires_at, time.time())
-            results = [
-                (
-                    ResultEnvelope.for_request(
-                        RequestRef(request_id=request_id_for(record.id, n), job_id=record.id),
-                        Status.expired,
-                        error=late,
-                        timings=Timings(submitted=ms, finished=ms),
-                    ),
-                    ttl,
-                )
-                for n in numbers
-            ]
-        written = self.jobs.write_results(results)
+            items = late_from_numbers(record.id, numbers, ttl, ms)
+        written = 0
+        while part := list(itertools.islice(items, self.chunk)):  # a chunk at a time in memory
+            written += self.jobs.write_results(part)
         self._forget(record.id)
         log.info("serve: batch %s expired: %d unanswered lines answered", record.id, written)
 

@@ -13,6 +13,7 @@ deadline, 500 for an engine error, ...).
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -28,6 +29,8 @@ from producer.batch_output import error_body, status_code
 from producer.client import PublishError, QBatchClient, now_utc
 from producer.serve.errors import ApiError, openai_code, openai_param
 from schemas import ContractError, ResultEnvelope, Status
+from schemas.result import read_stored
+from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
 
 TIMEOUT_HEADER = "x-stainless-timeout"
 GRACE_S = 2.0
@@ -110,9 +113,16 @@ def run_sync(
     timeout: float,
     tenant: str,
     on_result: Callable[[str, ResultEnvelope], None] | None = None,
-) -> tuple[int, dict[str, Any]]:
-    """Submit one body, wait for its result: (HTTP status, JSON body). ApiError for what
-    is refused before it is queued (stream, a body the contract refuses, no Kafka)."""
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+) -> tuple[int, bytes]:
+    """Submit one body, wait for its result: (HTTP status, JSON body bytes). ApiError for
+    what is refused before it is queued (stream, a body the contract refuses, a result
+    that could pass `max_result_bytes`, no Kafka).
+
+    A succeeded result's response goes out as the bytes Redis holds (`response_span`):
+    parsing a result of megabytes costs ~60x its size, and one request for `n` 16 x
+    `top_logprobs` 20 OOM-killed the server that way. Only the small rest is parsed, for
+    usage (`light_result`)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_request")
     if body.get("stream"):
@@ -126,9 +136,14 @@ def run_sync(
     deadline = now_utc() + timedelta(seconds=timeout)
     try:
         rid = client.submit(
-            body, endpoint=endpoint, lane=None, deadline=deadline, metadata={"tenant": tenant}
+            body,
+            endpoint=endpoint,
+            lane=None,
+            deadline=deadline,
+            metadata={"tenant": tenant},
+            max_result_bytes=max_result_bytes,
         )
-        result = client.wait(rid, timeout=timeout + GRACE_S)
+        raw = client.wait_raw(rid, timeout=timeout + GRACE_S)
     except ContractError as exc:
         raise ApiError(
             400, exc.message, code=openai_code(exc.code), param=openai_param(exc.param)
@@ -137,13 +152,16 @@ def run_sync(
         raise ApiError(
             503, f"the queue is unavailable ({type(exc).__name__})", code="queue_unavailable"
         ) from None
-    if result is None:
+    if raw is None:
         raise ApiError(504, f"no answer within {timeout:g} s", code="timeout")
+    result, span = read_stored(raw)
     if on_result is not None:
         on_result(tenant, result)  # usage (producer.serve.metrics.UsageRecorder)
-    if result.status is Status.succeeded and result.response is not None:
-        return 200, result.response.model_dump(mode="json")
-    return status_code(result), error_body(result)
+    if span is not None:
+        return 200, raw[span[0] : span[1]]
+    if result.status is Status.succeeded and result.response is not None:  # an older layout
+        return 200, result.response.model_dump_json().encode()
+    return status_code(result), json.dumps(error_body(result)).encode()
 
 
 __all__ = ["GRACE_S", "TIMEOUT_HEADER", "SyncSlots", "request_timeout", "run_sync"]

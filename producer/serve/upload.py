@@ -10,7 +10,6 @@ bounded. Once received, `check_jsonl` checks the file is JSONL before it is stor
 
 from __future__ import annotations
 
-import codecs
 import json
 from pathlib import Path
 
@@ -19,6 +18,8 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from producer.serve.errors import ApiError
 from producer.serve.storage import FileStore, Upload
+from producer.stream_scan import OVERLONG, LineNotUtf8, file_source, iter_lines
+from schemas.limits import MAX_ENVELOPE_BYTES
 
 MAX_FIELD_BYTES = 4_096
 MAX_FIELDS = 16
@@ -129,25 +130,27 @@ class FormReceiver:
 
 def check_jsonl(path: Path) -> str | None:
     """Why the file is not JSONL (UTF-8, one JSON object a non-blank line), or None.
-    Only the format: what each line asks for is checked when a batch validates it."""
+    Only the format: what each line asks for is checked when a batch validates it.
+
+    Read a line at a time, each at most a request's size (`MAX_ENVELOPE_BYTES`): a file
+    of one 120 MB line was read and parsed whole (~23x its size) and killed the server.
+    A longer line is refused, as its request would be; nesting past the parser's depth is
+    "not JSON"."""
     count = 0
-    with path.open("rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if number == 1:
-                raw = raw.removeprefix(codecs.BOM_UTF8)  # Windows tools write one; harmless
-            try:
-                text = raw.decode("utf-8").strip()
-            except UnicodeDecodeError as exc:
-                return f"line {number} is not UTF-8 (byte {exc.start})"
-            if not text:
-                continue
+    try:
+        for number, text in iter_lines(file_source(path)()):
+            if text is OVERLONG:
+                return f"line {number} is over {MAX_ENVELOPE_BYTES:,} bytes (a request's limit)"
             try:
                 obj = json.loads(text)
             except (ValueError, RecursionError) as exc:
-                return f"line {number} is not JSON: {exc}"
+                why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                return f"line {number} is not JSON: {why}"
             if not isinstance(obj, dict):
                 return f"line {number} is not a JSON object"
             count += 1
+    except LineNotUtf8 as exc:
+        return f"line {exc.line} is not UTF-8 (byte {exc.start})"
     return None if count else "the file holds no lines"
 
 

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from producer.tools.runner import PendingCall
 from schemas import ChatCompletionBody, ContractError, ErrorCode, ErrorInfo, RequestEnvelope
 from schemas.decode import encode_request
-from schemas.limits import MAX_ENVELOPE_BYTES
+from schemas.limits import MAX_ENVELOPE_BYTES, MAX_TOOL_TURNS, MAX_TOOLS
 from schemas.tool_events import ToolTurnEvent
 from schemas.tool_loop import CallRecord, LoopState, TurnRecord
 
@@ -76,15 +76,15 @@ def continuation(event: ToolTurnEvent, records: list[CallRecord]) -> RequestEnve
     )
     if body.get("tool_choice") not in (None, "auto", "none"):
         body["tool_choice"] = "auto"
-    transcript = [*(env.loop.transcript if env.loop else ()), _turn(event, records)]
     data = env.model_dump(mode="json", exclude_none=True, by_alias=True)
     data["body"] = body
-    data["loop"] = {
-        "turn": event.turn + 1,
-        "transcript": [t.model_dump(mode="json") for t in transcript],
-        "lane": event.lane,
-    }
     try:
+        transcript = [*(env.loop.transcript if env.loop else ()), _turn(event, records)]
+        data["loop"] = {
+            "turn": event.turn + 1,
+            "transcript": [t.model_dump(mode="json") for t in transcript],
+            "lane": event.lane,
+        }
         nxt = RequestEnvelope.model_validate(data)
     except ValidationError as exc:
         raise ContinuationError(ContractError.from_validation(exc).message) from None
@@ -97,19 +97,24 @@ def continuation(event: ToolTurnEvent, records: list[CallRecord]) -> RequestEnve
 
 
 def aborted(event: ToolTurnEvent, records: list[CallRecord], reason: str) -> RequestEnvelope:
-    """The turn's own envelope with `loop.abort`: the worker answers it, unrun."""
+    """The turn's own envelope with `loop.abort`: the worker answers it, unrun. Never
+    raises: the transcript keeps what the contract's limits allow (at most MAX_TOOLS
+    calls, short contents, the last MAX_TOOL_TURNS turns), or none at all."""
     env = event.envelope
-    short = [r.model_copy(update={"content": r.content[:ABORT_CONTENT_CHARS]}) for r in records]
-    transcript = [*(env.loop.transcript if env.loop else ()), _turn(event, short)]
-    loop = LoopState(
-        turn=event.turn + 1,
-        transcript=transcript,
-        lane=event.lane,
-        abort=ErrorInfo(
-            code=ErrorCode.tool_loop_aborted,
-            message=f"the loop could not continue after turn {event.turn}: {reason}",
-        ),
+    abort = ErrorInfo(
+        code=ErrorCode.tool_loop_aborted,
+        message=f"the loop could not continue after turn {event.turn}: {reason}"[:4_000],
     )
+    turn = min(max(event.turn + 1, 2), MAX_TOOL_TURNS)
+    short = [
+        r.model_copy(update={"content": r.content[:ABORT_CONTENT_CHARS]})
+        for r in records[:MAX_TOOLS]
+    ]
+    try:
+        kept = [*(env.loop.transcript if env.loop else ()), _turn(event, short)]
+        loop = LoopState(turn=turn, transcript=kept[-MAX_TOOL_TURNS:], lane=event.lane, abort=abort)
+    except Exception:  # a turn the records cannot describe: abort without a transcript
+        loop = LoopState(turn=turn, transcript=[], lane=event.lane, abort=abort)
     return env.model_copy(update={"loop": loop})
 
 

@@ -21,6 +21,17 @@ Every request carries `Idempotency-Key: {request_id}:{turn}:{call_id}`, stable a
 redeliveries, so an endpoint that honours the header does not act twice for one call. A
 non-2xx answer is a tool error the model sees (status and the start of the body). A
 missing `${VAR}` fails loading, not the first call.
+
+What a model can make a call do is what the config says, no more (issue 40):
+
+- **Closed schemas**: an argument the schema's `properties` do not declare is a tool
+  error (unless the schema sets `additionalProperties`), and so is one named like a
+  query parameter the configured URL already carries (`?tenant=acme&tenant=evil`);
+- **No redirect to another origin**: a redirect to another scheme, host or port is a tool
+  error, so the configured headers (secrets) only ever go to the configured origin;
+- **A deadline for the whole call**: `timeout_s` bounds the call from connect to its last
+  byte (an endpoint dripping a byte at a time held its thread for ever: the socket
+  timeout is per read).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -99,6 +111,18 @@ class HttpTool(ToolSpec):
         self._validator = json_schema.validator(config.parameters)
 
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        declared = self.parameters.get("properties")
+        if isinstance(declared, dict) and "additionalProperties" not in self.parameters:
+            undeclared = sorted(set(arguments) - set(declared))
+            if undeclared:
+                raise InvalidArguments(
+                    f"{undeclared[0]}: not an argument of this tool (its schema declares "
+                    f"{', '.join(sorted(declared)) or 'none'})"
+                )
+        fixed = set(urllib.parse.parse_qs(urllib.parse.urlsplit(self.config.url).query))
+        if self.config.method == "GET" and fixed & set(arguments):
+            name = sorted(fixed & set(arguments))[0]
+            raise InvalidArguments(f"{name}: set by the tool's URL, not by a call")
         try:
             found = json_schema.errors(self._validator, dict(arguments))
         except json_schema.TooCostly as exc:
@@ -124,9 +148,10 @@ class HttpTool(ToolSpec):
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, headers=headers, method=self.config.method)
         limit = self.max_result_bytes + 1  # one byte more tells "too large" from "fits"
+        deadline = time.monotonic() + self.timeout_s
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                body = response.read(limit)
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
+                body = _read_by(response, limit, deadline)
                 charset = response.headers.get_content_charset() or "utf-8"
         except urllib.error.HTTPError as exc:
             text = exc.read(300).decode("utf-8", "replace")
@@ -134,6 +159,44 @@ class HttpTool(ToolSpec):
         except urllib.error.URLError as exc:
             raise RuntimeError(f"{self.config.url}: {exc.reason}") from None
         return body.decode(charset, "replace")
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the same scheme, host and port."""
+
+    def redirect_request(
+        self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> Any:
+        if _origin(newurl) != _origin(req.full_url):
+            raise urllib.error.URLError(f"redirect to another origin ({_origin(newurl)}) refused")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
+
+
+_OPENER = urllib.request.build_opener(_SameOrigin)
+
+
+def _read_by(response: Any, limit: int, deadline: float) -> bytes:
+    """Up to `limit` bytes of the body, all of them before `deadline` (TimeoutError past
+    it): each read may wait only what is left of the call's time."""
+    sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
+    body = bytearray()
+    while len(body) < limit:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the endpoint did not answer within the tool's timeout_s")
+        if sock is not None:
+            sock.settimeout(left)
+        chunk = response.read1(min(65_536, limit - len(body)))
+        if not chunk:
+            break
+        body += chunk
+    return bytes(body)
 
 
 def load_http_tools(path: str | Path, env: Mapping[str, str] | None = None) -> list[HttpTool]:

@@ -47,8 +47,17 @@ class PendingCall:
     metadata: dict[str, Any] | None = None
 
 
+ERROR_MESSAGE_CHARS = 2_000
+"""An error's message is cut to this: a validator's message quotes the value it refused
+(160,000 x U+200B once made a record too large for its own schema, and stopped every
+executor)."""
+
+
 def error_content(kind: ToolErrorKind, message: str) -> str:
-    return json.dumps({"error": {"type": kind.value, "message": message}}, ensure_ascii=False)
+    short = (
+        message if len(message) <= ERROR_MESSAGE_CHARS else message[:ERROR_MESSAGE_CHARS] + "..."
+    )
+    return json.dumps({"error": {"type": kind.value, "message": short}}, ensure_ascii=False)
 
 
 def _record(
@@ -83,7 +92,9 @@ class _Running:
         self.started = clock()
         self.ended: float | None = None
         self._clock = clock
-        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, args=(fn,), name="qbatch-tool-call", daemon=True
+        )
         self.thread.start()
 
     def _run(self, fn: Callable[[], Any]) -> None:

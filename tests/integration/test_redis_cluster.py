@@ -229,8 +229,9 @@ def test_serve_batches_and_usage_on_the_cluster(cluster: tuple[Any, RedisKeys]) 
             expires_at=2,
         )
 
-    assert store.create(record(1), max_active=2) and store.create(record(2), max_active=2)
-    assert not store.create(record(3), max_active=2)  # the tenant's limit holds
+    assert store.create(record(1), max_active=2) is None
+    assert store.create(record(2), max_active=2) is None
+    assert store.create(record(3), max_active=2) == "active"  # the tenant's limit holds
     assert store.transition(record(1).id, {"validating"}, status="in_progress")
     assert not store.transition(record(1).id, {"validating"}, status="failed")
     loaded = store.load(record(1).id)

@@ -89,14 +89,15 @@ def _create(
     expires_in_s: float,
     lines: int = LINES,
     output_expires_after_s: int | None = None,
+    tenant: str = TENANT,
 ) -> str:
     src = tmp / "input.jsonl"
     src.write_bytes(jsonl(batch_lines(lines)))
-    stored = runner.storage.put(src, tenant=TENANT, filename="input.jsonl", purpose=PURPOSE_BATCH)
+    stored = runner.storage.put(src, tenant=tenant, filename="input.jsonl", purpose=PURPOSE_BATCH)
     now = int(time.time())
     record = BatchRecord(
         id=new_batch_id(),
-        tenant=TENANT,
+        tenant=tenant,
         endpoint="/v1/chat/completions",
         input_file_id=stored.id,
         completion_window="24h",
@@ -105,7 +106,7 @@ def _create(
         expires_at=int(now + expires_in_s),
         output_expires_after_s=output_expires_after_s,
     )
-    assert runner.batches.create(record, max_active=10)
+    assert runner.batches.create(record, max_active=10) is None
     return record.id
 
 
@@ -184,7 +185,8 @@ def test_a_huge_batch_publishes_in_turns_with_the_others(tmp_path: Path) -> None
     """With a slice of 0 s a batch publishes one chunk a pass: the small batch beside
     it is fully sent in the first pass instead of after the whole big one."""
     with lane_runner(tmp_path, "qbr", chunk=50, submit_slice_s=0.0) as (_lane, runner):
-        big = _create(runner, tmp_path, expires_in_s=3_600, lines=500)
+        # two tenants: one tenant's second batch would wait a pass to be validated
+        big = _create(runner, tmp_path, expires_in_s=3_600, lines=500, tenant="tenant-big")
         small = _create(runner, tmp_path, expires_in_s=3_600, lines=3)
         runner.tick()
         small_view, big_view = runner.jobs.view(small), runner.jobs.view(big)
@@ -200,6 +202,26 @@ def test_a_huge_batch_publishes_in_turns_with_the_others(tmp_path: Path) -> None
             assert big_view is not None
         assert big_view.submitted == 500 and big_view.status == JobStatus.running
         assert passes == 10  # 500 lines in chunks of 50, one chunk a pass
+
+
+def test_one_tenants_batches_are_validated_in_turns_with_the_others(tmp_path: Path) -> None:
+    """A pass validates one batch a tenant: three of one tenant's and one of another's,
+    and the other's is under way after the first pass, not after all three."""
+    with lane_runner(tmp_path, "qbf") as (_lane, runner):
+        many = [_create(runner, tmp_path, 3_600, tenant="tenant-many") for _ in range(3)]
+        other = _create(runner, tmp_path, 3_600, tenant="tenant-other")
+        runner.tick()
+
+        def status(batch_id: str) -> BatchStatus:
+            record = runner.batches.load(batch_id)
+            assert record is not None
+            return record.status
+
+        assert status(other) == BatchStatus.in_progress
+        assert sorted(status(b) == BatchStatus.validating for b in many) == [False, True, True]
+        runner.tick()
+        runner.tick()
+        assert all(status(b) == BatchStatus.in_progress for b in many)
 
 
 def _answered(lane: Lane, runner: BatchRunner, tmp: Path, expires_in_s: float, lines: int) -> str:

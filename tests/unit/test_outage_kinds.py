@@ -11,6 +11,7 @@ import pytest
 import redis
 from kafka.errors import KafkaConnectionError
 
+from schemas.replica_ack import ReplicasBehind
 from worker.config import WorkerSettings
 from worker.kafka_io import RequestConsumer
 from worker.sinks.base import SinkRefused, SinkUnavailable
@@ -122,3 +123,24 @@ def test_a_socket_closed_under_the_reader_is_an_outage() -> None:
 
     with pytest.raises(ValueError, match="invalid literal"):  # a real bug still surfaces
         call(bug)
+
+
+@pytest.mark.parametrize(
+    ("exc", "timed_out"),
+    [
+        (redis.TimeoutError("Timeout reading from 127.0.0.1:6379"), True),
+        (redis.TimeoutError("Timeout connecting to server"), False),
+        # replicas slow to acknowledge: an outage however long (the CI chaos soak once had
+        # a worker stop on 2 minutes of a master without its replica)
+        (ReplicasBehind("0 of 1"), False),
+    ],
+)
+def test_only_a_read_that_timed_out_may_count_as_a_stalled_call(
+    exc: Exception, timed_out: bool
+) -> None:
+    def fail() -> None:
+        raise exc
+
+    with pytest.raises(SinkUnavailable) as caught:
+        call(fail)
+    assert caught.value.timed_out is timed_out

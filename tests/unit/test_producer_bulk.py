@@ -376,26 +376,6 @@ def test_line_bitmap_counts_bits_as_redis_setbit_does() -> None:
     assert line_bitmap([1]) == b"\x40" and line_bitmap([8]) == b"\x00\x80"
 
 
-def test_text_lines_parse_to_the_scan_s_envelopes() -> None:
-    """`TextLines` keeps a valid file as text (serve holds a batch's input until it is
-    sent) and parses it again as it is sent: the same envelopes, ids and line numbers."""
-    from producer.line_sources import TextLines
-
-    defaults = Defaults(deadline=datetime(2030, 1, 1, tzinfo=UTC), result_ttl_s=7_200)
-    texts = [openai_line("a"), "", "  ", openai_line("b"), openai_line("c")]
-    scan = scan_lines(texts, "j", defaults=defaults)
-    lines = TextLines(scan, texts, "j", defaults=defaults)
-    assert lines.total == 3 and lines.invalid == 0 and lines.numbers == [1, 4, 5]
-    for position in (0, 1, 3):
-        again = list(lines.lines_from(position))
-        assert [(x.line, x.request_id, x.custom_id) for x in again] == [
-            (x.line, x.request_id, x.custom_id) for x in scan.lines[position:]
-        ]
-        assert [x.envelope for x in again] == [x.envelope for x in scan.lines[position:]]
-    with pytest.raises(ValueError, match="every line is valid"):
-        TextLines(scan_lines(["[]"], "j"), ["[]"], "j")
-
-
 def _outline(x: object) -> list[tuple[object, ...]]:
     lines = x if isinstance(x, list) else list(x)  # type: ignore[call-overload]
     return [
@@ -416,7 +396,7 @@ def test_a_streamed_scan_matches_the_whole_file_scan(tmp_path: Path) -> None:
     """Issue 39: `bulk submit` parsed a whole file in memory (4.48 GB for 1,000,000 lines).
     The streaming pass (`scan_stream`) gives the same lines, errors and duplicates, from
     any position, a line over the envelope bound included."""
-    from producer.line_sources import scan_stream
+    from producer.stream_scan import scan_stream
 
     defaults = Defaults(result_ttl_s=7_200)
     texts = [
@@ -449,7 +429,7 @@ def test_a_streamed_scan_matches_the_whole_file_scan(tmp_path: Path) -> None:
 def test_an_over_long_first_line_neither_decides_the_format_nor_splits(tmp_path: Path) -> None:
     """A native file whose first line (after a byte-order mark) is over the bound: one bad
     line, the format from the next line, and the line numbers (request ids) unmoved."""
-    from producer.line_sources import scan_stream
+    from producer.stream_scan import scan_stream
 
     big = native_line("first", metadata={"pad": "z" * 1_100_000})
     path = tmp_path / "native.jsonl"
@@ -476,7 +456,7 @@ def test_a_streamed_scan_holds_little_more_than_one_line(tmp_path: Path) -> None
     custom_id, for the uniqueness rule, is what grows with the lines)."""
     import tracemalloc
 
-    from producer.line_sources import scan_stream
+    from producer.stream_scan import scan_stream
 
     path = tmp_path / "big.jsonl"
     body = {"messages": [{"role": "user", "content": "q" * 100}]}

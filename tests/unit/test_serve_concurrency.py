@@ -44,10 +44,10 @@ class Held:
         self.release = threading.Event()
         self.entered = threading.Semaphore(0)
 
-    def __call__(self, *_args: Any) -> tuple[int, dict[str, Any]]:
+    def __call__(self, *_args: Any) -> tuple[int, bytes]:
         self.entered.release()
         self.release.wait(30)
-        return 200, {"object": "chat.completion"}
+        return 200, b'{"object": "chat.completion"}'
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ from fastapi.testclient import TestClient
 
 from producer.serve.auth import load_keyring
 from producer.serve.page import COOKIE, duration, progress_of, register_page, render_page
+from producer.serve.sessions import Sessions
+from schemas import RedisKeys
 
 NOW = 1_800_000_000.0
 KEY = "sk-page-test-0123456789"
@@ -65,8 +67,25 @@ def client() -> TestClient:
             raise HTTPException(401, "bad key")
         return tenant
 
-    register_page(app, tenant_of, keyring, lambda t: [batch("in_progress", 4, 1)])
+    register_page(app, tenant_of, keyring, lambda t: [batch("in_progress", 4, 1)], MemorySessions())
     return TestClient(app, base_url="http://testserver")
+
+
+class MemorySessions(Sessions):
+    """`producer.serve.sessions.Sessions` on a dict (the unit tests have no Redis)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+        super().__init__(self, RedisKeys("qbt"))
+
+    def set(self, key: str, value: str, ex: int) -> None:
+        self.data[key] = value
+
+    def get(self, key: str) -> str | None:
+        return self.data.get(key)
+
+    def delete(self, key: str) -> None:
+        self.data.pop(key, None)
 
 
 def test_the_page_takes_the_bearer_header_or_the_sign_in_cookie(client: TestClient) -> None:
@@ -82,8 +101,33 @@ def test_the_page_takes_the_bearer_header_or_the_sign_in_cookie(client: TestClie
     assert good.status_code == 303 and good.headers["location"] == "/"
     cookie = good.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie
+    assert KEY not in good.headers["set-cookie"]  # a session token, never the key
+    assert good.headers["content-security-policy"] == "frame-ancestors 'none'"
     page = client.get("/")  # the client keeps the cookie
     assert page.status_code == 200 and "batch_in_progress" in page.text
+    assert page.headers["x-frame-options"] == "DENY"
+    token = client.cookies[COOKIE]
     client.post("/logout", follow_redirects=False)
     client.cookies.clear()
     assert client.get("/").status_code == 401
+    client.cookies[COOKIE] = token  # the session ended with the logout
+    assert client.get("/").status_code == 401
+
+
+def test_a_cross_site_sign_in_is_refused(client: TestClient) -> None:
+    """Login CSRF: another site's form posting a key (the attacker's) would sign the
+    victim's browser in as the attacker."""
+    for headers in (
+        {"origin": "https://evil.example"},
+        {"sec-fetch-site": "cross-site"},
+        {"sec-fetch-site": "same-site", "origin": "http://testserver"},
+    ):
+        refused = client.post("/login", data={"key": KEY}, headers=headers, follow_redirects=False)
+        assert refused.status_code == 403 and COOKIE not in refused.cookies
+    ok = client.post(
+        "/login",
+        data={"key": KEY},
+        headers={"origin": "http://testserver", "sec-fetch-site": "same-origin"},
+        follow_redirects=False,
+    )
+    assert ok.status_code == 303

@@ -174,3 +174,88 @@ def test_fingerprints_change_with_any_part_of_the_call() -> None:
     assert fingerprint(PendingCall("other", 9, "c", "f", "{}")) == fingerprint(
         base
     )  # key has those
+
+
+# ---------------------------------------------------------------- issue 40: one event, no stop
+
+
+def test_a_turn_of_129_calls_is_aborted_not_a_crash() -> None:
+    """TurnRecord holds at most MAX_TOOLS (128) calls: built outside any `try`, a 129-call
+    turn stopped every executor, on every restart. The worker now runs at most 128 (the
+    rest are tool_call_errors), and the executor aborts such an event whatever its calls."""
+    from schemas.limits import MAX_TOOLS
+
+    event = event_for(envelope())
+    records = [record() for _ in range(MAX_TOOLS + 1)]
+    with pytest.raises(ContinuationError):
+        continuation(event, records)
+    env = aborted(event, records, "too many calls")
+    assert env.loop is not None and env.loop.abort is not None
+    assert len(env.loop.transcript[-1].calls) == MAX_TOOLS
+
+
+def test_aborting_a_forged_sixteen_turn_loop_never_raises() -> None:
+    from schemas.limits import MAX_TOOL_TURNS
+    from schemas.tool_loop import LoopState
+
+    transcript = [
+        {"turn": t, "content": None, "calls": [], "usage": usage(1).model_dump()}
+        for t in range(1, MAX_TOOL_TURNS + 1)
+    ]
+    loop = LoopState.model_validate({"turn": MAX_TOOL_TURNS, "transcript": transcript})
+    forged = envelope(max_turns=MAX_TOOL_TURNS).model_copy(update={"loop": loop})
+    event = event_for(envelope()).model_copy(update={"turn": MAX_TOOL_TURNS, "envelope": forged})
+    with pytest.raises(ContinuationError):
+        continuation(event, [record()])
+    out = aborted(event, [record()], "x")
+    assert out.loop is not None and out.loop.turn == MAX_TOOL_TURNS
+    assert len(out.loop.transcript) <= MAX_TOOL_TURNS and out.loop.abort is not None
+
+
+def test_an_error_message_quoting_a_huge_argument_is_cut() -> None:
+    """A validator's message quotes the value: 160,000 x U+200B made the call's record too
+    large for its own schema (900,000 characters)."""
+    from producer.tools.runner import ERROR_MESSAGE_CHARS, error_content
+    from schemas.tool_loop import ToolErrorKind
+
+    content = error_content(ToolErrorKind.invalid_arguments, "bad: " + "\u200b" * 160_000)
+    assert len(content) < ERROR_MESSAGE_CHARS + 200
+    CallRecord(id="c", name="f", arguments="{}", ok=False, content=content, duration_ms=0)
+
+
+def test_usage_sums_are_held_at_the_bound() -> None:
+    from schemas.usage import TOKEN_BOUND
+
+    big = Usage(prompt_tokens=TOKEN_BOUND, completion_tokens=TOKEN_BOUND, total_tokens=TOKEN_BOUND)
+    assert big.plus(big).total_tokens == TOKEN_BOUND
+
+
+def test_the_worker_runs_at_most_128_calls_a_turn() -> None:
+    from schemas.limits import MAX_TOOLS
+    from schemas.request import Tool
+    from worker.toolcalls import parse_output
+
+    text = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>' * (MAX_TOOLS + 2)
+    parsed = parse_output(text, tools=[Tool.model_validate(TOOL)], reasoning_enabled=False)
+    assert len(parsed.tool_calls) == MAX_TOOLS and len(parsed.errors) == 2
+    assert "at most 128" in parsed.errors[0].reason
+
+
+def test_a_loop_is_run_only_with_the_executors_signature() -> None:
+    """Any producer could set `loop` (a forged transcript, a continuation's priority)."""
+    from schemas.decode import decode_request, encode_request
+    from schemas.loop_auth import LoopSigner
+
+    signer, other = LoopSigner(b"k" * 32), LoopSigner(b"x" * 32)
+    nxt = continuation(event_for(envelope()), [record()])
+    signed = signer.sign(nxt)
+    wire = decode_request(encode_request(signed), signed.request_id.encode())  # a round trip
+    assert signer.valid(wire) and not other.valid(wire)
+    assert not signer.valid(nxt)  # unsigned
+    assert signer.valid(envelope())  # no loop: nothing to check
+    moved = wire.model_copy(update={"request_id": "r2"})
+    assert not signer.valid(moved)  # a signed loop is its request's only
+    bumped = wire.model_copy(
+        update={"loop": wire.loop.model_copy(update={"lane": "interactive"})}  # type: ignore[union-attr]
+    )
+    assert not signer.valid(bumped)

@@ -113,8 +113,10 @@ def reply(
 
 
 def make(
-    *sinks: ReplySink,
+    *sinks: ReplySink, **options: Any
 ) -> tuple[Writer, list[list[tuple[TopicPartition, int, int]]], DeadLetters]:
+    """A writer over `sinks` (`options`: Writer's keyword settings), what it reports done,
+    and its dead letters."""
     done: list[list[tuple[TopicPartition, int, int]]] = []
     dead = DeadLetters()
     writer = Writer(
@@ -128,6 +130,7 @@ def make(
         stopping=lambda: False,
         drain_timeout_s=1,
         health=SinkHealth(),
+        **options,
     )
     return writer, done, dead
 

@@ -93,11 +93,10 @@ def call(fn: Callable[[], T]) -> T:
         return fn()
     except redis.TimeoutError as exc:
         # a read that timed out on a connection the server took: the call may be what is
-        # slow (worker.sinks.retrying.Stalled); a connect that timed out is an outage
-        connecting = str(exc).startswith("Timeout connecting")
-        raise SinkUnavailable(
-            f"Redis: {type(exc).__name__}: {exc}", timed_out=not connecting
-        ) from exc
+        # slow (worker.sinks.retrying.Stalled); a connect that timed out, or replicas slow
+        # to acknowledge (ReplicasBehind), is an outage
+        reading = str(exc).startswith("Timeout reading")
+        raise SinkUnavailable(f"Redis: {type(exc).__name__}: {exc}", timed_out=reading) from exc
     except _UNAVAILABLE as exc:
         raise SinkUnavailable(f"Redis: {type(exc).__name__}: {exc}") from exc
     except redis.exceptions.NoScriptError as exc:
@@ -271,6 +270,19 @@ class RedisSink(ReplySink):
 
     def record_duplicate(self, result: ResultEnvelope, ttl_s: int, now_ms: int) -> WriteReply:
         return call(lambda: self._writer.record_duplicate(result, ttl_s, now_ms))
+
+    def value_limit(self) -> int | None:
+        """The largest value Redis takes in one command (`proto-max-bulk-len`); None when
+        it cannot be read (an ACL without CONFIG, a managed Redis): 512 MB by default."""
+        try:
+            found = self._client.config_get("proto-max-bulk-len")
+        except Exception:
+            return None
+        values = [v for k, v in found.items() if reply_text(k) == "proto-max-bulk-len"]
+        try:
+            return int(reply_text(values[0])) if values else None
+        except ValueError:
+            return None
 
     def ping(self) -> bool:
         return bool(call(self._client.ping))
