@@ -142,6 +142,31 @@ def malformed_answer(value: bytes | None, reason: str) -> RequestEnvelope | None
     return env.model_copy(update={"loop": loop})
 
 
+def abort_reason(exc: Exception) -> str:
+    return (
+        str(exc)
+        if isinstance(exc, ContinuationError)
+        else f"the executor could not build it ({type(exc).__name__})"
+    )
+
+
+def next_envelope(
+    event: ToolTurnEvent, records: list[CallRecord]
+) -> tuple[RequestEnvelope, Exception | None]:
+    """The continuation of `event` once its calls ran (`records`), and None; or, when it
+    cannot be built (ContinuationError, or anything else one event can cause), the aborted
+    envelope that still answers the request, and why. Never raises for one event: a
+    forged 16-turn transcript once stopped every executor here."""
+    try:
+        return continuation(event, records), None
+    except Exception as exc:
+        env = aborted(event, records, abort_reason(exc))
+        if len(encode_request(env)) > MAX_ENVELOPE_BYTES:
+            assert env.loop is not None
+            env = env.model_copy(update={"loop": env.loop.model_copy(update={"transcript": []})})
+        return env, exc
+
+
 def continuation_topic(settings: ConnectionSettings, env: RequestEnvelope) -> str:
     """Where a loop's next turn goes: the requests topic of the pool serving its model
     (the route table's interactive `topic`: the turn keeps its first turn's engine
@@ -349,31 +374,19 @@ class ToolExecutor:
         return name if name in self.registry.names else UNKNOWN_TOOL_LABEL
 
     def _continue(self, event: ToolTurnEvent, records: list[CallRecord]) -> RequestEnvelope:
-        try:
-            nxt = continuation(event, records)
+        env, failure = next_envelope(event, records)
+        if failure is None:
             metrics.TOOL_CONTINUATIONS.labels("continued").inc()
-            return nxt
-        except Exception as exc:  # ContinuationError, or anything one event can cause
-            reason = (
-                str(exc)
-                if isinstance(exc, ContinuationError)
-                else f"the executor could not build it ({type(exc).__name__})"
-            )
-            log.warning(
-                "continuation_aborted",
-                request_id=event.request_id,
-                turn=event.turn,
-                reason=reason[:500],
-                error=f"{type(exc).__name__}: {exc}"[:500],
-            )
-            metrics.TOOL_CONTINUATIONS.labels("aborted").inc()
-            env = aborted(event, records, reason)
-            if len(encode_request(env)) > MAX_ENVELOPE_BYTES:
-                assert env.loop is not None
-                env = env.model_copy(
-                    update={"loop": env.loop.model_copy(update={"transcript": []})}
-                )
             return env
+        log.warning(
+            "continuation_aborted",
+            request_id=event.request_id,
+            turn=event.turn,
+            reason=abort_reason(failure)[:500],
+            error=f"{type(failure).__name__}: {failure}"[:500],
+        )
+        metrics.TOOL_CONTINUATIONS.labels("aborted").inc()
+        return env
 
     def _decode(self, record: Any) -> ToolTurnEvent | RequestEnvelope | None:
         """The event; for a malformed one whose envelope is still readable, an aborted
@@ -436,4 +449,11 @@ class ToolExecutor:
         self.state.last_loop = time.monotonic()
 
 
-__all__ = ["CallLedger", "ExecutorSettings", "ExecutorState", "ToolExecutor"]
+__all__ = [
+    "CallLedger",
+    "ExecutorSettings",
+    "ExecutorState",
+    "ToolExecutor",
+    "malformed_answer",
+    "next_envelope",
+]
