@@ -4,7 +4,10 @@
 - a producer's own `loop` (a forged 16-turn transcript of 2**40-token turns, a lane for
   priority) is answered `failed` naming `loop`, unrun; an executor's continuation runs;
 - an event the executor stops on (a failpoint) stops it twice at most: the third
-  executor answers its request `tool_loop_aborted` and the loops beside it finish.
+  executor answers its request `tool_loop_aborted` and the loops beside it finish;
+- the turns that once stopped every executor for good (129 calls in one turn; an argument
+  of 160,000 x U+200B whose validation message quoted it past its record's limit) are
+  answered, and the executor runs on.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from tests.integration.workers import Lane, start_executor, start_worker, stop_w
 from tests.tool_fixtures import call_block, registry
 
 pytestmark = pytest.mark.usefixtures("stack")
+LONG = {"max_tokens": 8_000}  # the echo model repeats this many words of its prompt
 
 
 @pytest.fixture
@@ -94,4 +98,46 @@ def test_an_event_the_executor_stops_on_stops_it_twice_at_most(lane: Lane, tmp_p
         assert executor.poll() is None
         stop_worker(executor)
     finally:
+        stop_worker(worker)
+
+
+def test_the_turns_that_stopped_every_executor_are_answered(lane: Lane, tmp_path: Path) -> None:
+    """The echo "model" repeats its prompt, so a prompt of call blocks is a turn calling
+    them: 129 calls (the worker runs at most 128 a turn), and one call of `step` whose
+    `n` is 160,000 zero-width spaces, valid against the request's looser schema (a
+    string) and refused by the executor's (an integer), whose message quoted it whole."""
+    blocks = "".join(call_block("get_weather", city=f"c{i}") for i in range(129))
+    wide = json.dumps({"name": "step", "arguments": {"n": "\u200b" * 160_000}}, ensure_ascii=False)
+    loose = registry.openai_tools("step")
+    loose[0]["function"]["parameters"]["properties"]["n"] = {"type": "string"}
+    tools = registry.openai_tools("get_weather")
+    worker = start_worker(lane, log=tmp_path / "worker.log")
+    executor = start_executor(lane, log=tmp_path / "executor.log")
+    try:
+        with lane.client() as client:
+            many = client.submit(
+                {"messages": [{"role": "user", "content": blocks}], "tools": tools, **LONG},
+                tool_loop={"max_turns": 2},
+            )
+            zero_width = client.submit(
+                {
+                    "messages": [{"role": "user", "content": f"<tool_call>{wide}</tool_call>"}],
+                    "tools": loose,
+                    **LONG,
+                },
+                tool_loop={"max_turns": 2},
+            )
+            after = client.submit(loop_body("Lima"), tool_loop={"max_turns": 4})
+            results = {rid: client.wait(rid, timeout=90) for rid in (many, zero_width, after)}
+        assert all(r is not None for r in results.values()), results
+        assert results[after] is not None and results[after].status is Status.succeeded
+        assert results[many] is not None and results[many].tool_loop is not None
+        calls = results[many].tool_loop.transcript[0].calls
+        assert len(calls) == 128  # the 129th is not run
+        assert results[zero_width] is not None and results[zero_width].tool_loop is not None
+        (call,) = results[zero_width].tool_loop.transcript[0].calls
+        assert not call.ok and len(call.content) < 10_000  # refused, its message cut
+        assert executor.poll() is None and worker.poll() is None
+    finally:
+        stop_worker(executor)
         stop_worker(worker)

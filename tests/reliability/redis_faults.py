@@ -81,19 +81,25 @@ def _bgsave_children(pid: int) -> list[int]:
     return kids
 
 
+SAVE_STRETCH_US = 2_000_000
+
+
 def _status(node: redis.Redis) -> str:
     return str(node.info("persistence")["rdb_last_bgsave_status"])
 
 
 def misconf(port: int, timeout_s: float = 10) -> Callable[[], None]:
-    """Needs a node holding keys: its save child (slowed by `rdb-key-save-delay` only
-    while the fault is being made) must still run when it is found."""
+    """Needs a node holding a key: its save child (slowed by `rdb-key-save-delay`, set
+    only while the fault is being made) must still run when it is found."""
     node = redis.Redis(port=port)
     save = node.config_get("save")["save"]
     node.config_set("save", "3600 1")  # MISCONF needs save points
     pid = int(node.info("server")["process_id"])
     deadline = time.monotonic() + timeout_s
-    node.config_set("rdb-key-save-delay", 2_000)  # 2 ms a key: found before it is done
+    # each save lasts ~2 s whatever the node holds (at least 2 ms a key): long enough to be
+    # found and killed, and a replica's full sync forked meanwhile is slowed as much only
+    delay_us = max(2_000, SAVE_STRETCH_US // max(1, int(node.dbsize())))
+    node.config_set("rdb-key-save-delay", delay_us)
     try:
         while _status(node) != "err":
             if time.monotonic() > deadline:

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import redis
 
 from tests.reliability.conftest import (
@@ -110,6 +111,7 @@ def test_interactive_is_not_stuck_behind_a_bulk_backlog(
     assert wait_committed(lane, 30)
 
 
+@pytest.mark.slow  # 45 s; kill -9 mid-stream is in CI through test_worker_pipeline
 def test_kill_9_mid_backlog_keeps_both_guarantees(
     lane: EnvLane, redis_client: redis.Redis, spawn: Any
 ) -> None:

@@ -9,6 +9,8 @@
   (the job counted 4,024 of 4,000);
 - a Redis that takes connections but never answers: the worker does not retry for ever,
   it stops (exit 70) once its calls have only timed out for redis_stall_timeout_s.
+- (issue 40) a Redis that takes at most 1 MB a value: results are bounded under it,
+  refused before they run or answered `result_too_large`, never a write retried for ever.
 """
 
 from __future__ import annotations
@@ -151,3 +153,36 @@ def test_a_redis_that_never_answers_stops_the_worker(
         figures("redis_stall", exit=code, faults=len(faults))
         assert code == 70
         assert faults and "Stalled" in faults[0]["error"]
+
+
+def test_a_result_larger_than_redis_takes_is_refused_not_retried(
+    lane: EnvLane, spawn: Any, tmp_path: Path
+) -> None:
+    """Issue 40, item 5: Redis resets the connection on a value over proto-max-bulk-len,
+    and the worker took that for an outage and retried it for ever, intake paused. On a
+    Redis taking at most 1 MB a value the worker bounds results under it: a request that
+    asks for more (n 8 x max_tokens 20,000) is refused before it runs, naming `n`; one that
+    sets no max_tokens and still comes out larger (the echo model's 10-character words
+    are more bytes a token than the bound reckons) is answered `result_too_large` instead
+    of written; the next request is answered, and every record is committed."""
+    server, private, r = _private(lane, tmp_path, "--proto-max-bulk-len", "1mb")
+    port = free_port()
+    over = chat("over", "hello", body={"n": 8, "max_tokens": 20_000})
+    # the echo engine answers each choice with the prompt, up to max_tokens words
+    implicit = chat("implicit", "abcdefghij " * 14_000, body={"n": 8})
+    del implicit["body"]["max_tokens"]
+    try:
+        spawn(private, metrics_port=port)
+        wait_http(port)
+        produce_envelopes(private, [over, implicit, chat("after", "hello")])
+        found = wait_results(r, private.prefix, ["over", "implicit", "after"], 60)
+        assert set(found) == {"over", "implicit", "after"}, sorted(found)
+        for rid, param in (("over", "body.n"), ("implicit", None)):
+            assert found[rid]["status"] == "failed", found[rid]
+            assert found[rid]["error"]["code"] == "result_too_large", found[rid]
+            assert found[rid]["error"].get("param") == param, found[rid]
+        assert "came out" in found["implicit"]["error"]["message"]
+        assert found["after"]["status"] == "succeeded"
+        assert wait_committed(private, 30)
+    finally:
+        stop_process(server)

@@ -125,7 +125,11 @@ def test_topic_only_without_redis(
     assert wait_committed(lane, 30)
 
 
-@pytest.mark.parametrize("mode", ["transactional", "at_least_once"])
+@pytest.mark.parametrize(
+    "mode",
+    # at-least-once only counts its duplicates: a long run (53 s) kept out of CI
+    ["transactional", pytest.param("at_least_once", marks=pytest.mark.slow)],
+)
 def test_kill_9_mid_stream(
     results_lane: EnvLane, redis_client: redis.Redis, spawn: Any, mode: str
 ) -> None:
