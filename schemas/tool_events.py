@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from schemas.request import RequestEnvelope
 from schemas.result import AssistantOutput
@@ -34,6 +34,14 @@ class ToolTurnEvent(BaseModel):
     usage: Usage
     emitted_ms: int
     """When the worker published it (epoch ms): the executor's queue time starts here."""
+
+    @model_validator(mode="after")
+    def _one_request(self) -> ToolTurnEvent:
+        # The record's key and the continuation are the envelope's id; an event naming
+        # another id would answer (and sign) a request it does not carry.
+        if self.request_id != self.envelope.request_id:
+            raise ValueError("request_id must equal envelope.request_id")
+        return self
 
 
 __all__ = ["ToolTurnEvent"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import redis
@@ -56,6 +57,23 @@ def _count_if_recorded(call: ToolCallContext) -> None:
             client.incr(f"{prefix}:ran_recorded")
 
 
+def _chaos() -> None:
+    """The kill -9 test's trigger: `{prefix}:chaos` (a hash) names the `step` run at which the
+    executor kills itself (`executor_at`) and the one at which it kills the worker
+    (`worker_at`, `worker_pid`). Killing from inside a loop's call makes each kill land
+    mid-stream however slow the machine: the loop of the call that fires it is not done."""
+    prefix = os.environ.get("QBATCH_PREFIX", "qbatch")
+    client = _client()
+    plan = client.hgetall(f"{prefix}:chaos")
+    if not plan:
+        return
+    run = int(client.incr(f"{prefix}:chaos:runs"))
+    if run == int(plan.get(b"worker_at", 0)):
+        os.kill(int(plan[b"worker_pid"]), signal.SIGKILL)
+    if run == int(plan.get(b"executor_at", 0)):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def call_block(name: str, **arguments: object) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
@@ -71,6 +89,7 @@ def get_weather(city: str, unit: str = "c") -> dict[str, object]:
 def step(n: int, until: int = 2, tag: str = "") -> str:
     """Count up; until `until` is reached, the result asks the echo model to call again."""
     _count(f"step:{tag}:{n}")
+    _chaos()
     if n < until:
         return call_block("step", n=n + 1, until=until, tag=tag)
     return f"done at {n}"

@@ -1,8 +1,11 @@
 """Tool loops under kill -9: the executor and then the worker die mid-stream.
 
 300 loops of three model turns each (the `step` tool scripts the echo model). The
-executor is killed once a third of the loops are done, the worker at two thirds; both are
-restarted. Every loop must finish with its full transcript, and a tool may run twice only
+executor kills itself with SIGKILL inside the 200th `step` call it runs (a third of the 600)
+and kills the worker inside the 400th; the test restarts each when it sees it die. Fired
+from inside a call, each kill lands mid-stream (that call's loop is not done) and mid-poll,
+however slow the machine: kills the test timed itself once landed after the last loop.
+Every loop must finish with its full transcript, and a tool may run twice only
 for calls whose record was not written yet when the executor died (at most one poll's
 worth, `--max-batch`): a recorded call never runs again, whoever redelivers it (the
 executor's own uncommitted poll, or the worker re-running a turn, whose call ids are
@@ -12,9 +15,7 @@ before each run and counts runs of calls already recorded: that count must be 0.
 
 from __future__ import annotations
 
-import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,8 @@ from tests.tool_fixtures import call_block, registry
 
 N = 300
 MAX_BATCH = 16
-# Four answers at a time, 20 ms each: loops finish at most ~200 a second, so the last
-# third takes >= 0.5 s and a 50-ms poll cannot miss it (unlimited, a whole third finished
-# inside one batch on a busy CI machine and the worker kill landed after the end).
+CALLS = 2 * N  # `step` n=1 and n=2 per loop
+# Four answers at a time, 20 ms each, so the worker is mid-batch when it is killed.
 ECHO = ("--echo-delay-ms", "20", "--echo-concurrency", "4")
 
 
@@ -46,15 +46,12 @@ def _done(client: object, ids: list[str]) -> int:
     return sum(r is not None for r in client.get_many(ids).values())  # type: ignore[attr-defined]
 
 
-def _wait_done(client: object, ids: list[str], at_least: int, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    done = 0
-    while time.monotonic() < deadline:
-        done = _done(client, ids)
-        if done >= at_least:
-            return done
-        time.sleep(0.05)
-    return done
+def _killed(proc: object, what: str) -> None:
+    try:
+        code = proc.wait(120)  # type: ignore[attr-defined]
+    except Exception as exc:
+        raise AssertionError(f"the {what} was never killed by its chaos trigger") from exc
+    assert code == -signal.SIGKILL, f"the {what} exited {code}, not by SIGKILL"
 
 
 @pytest.mark.usefixtures("stack")
@@ -62,6 +59,12 @@ def test_loops_finish_and_recorded_calls_never_rerun_across_kill_9(
     lane: Lane, tmp_path: Path
 ) -> None:
     worker = start_worker(lane, *ECHO, log=tmp_path / "worker1.log")
+    chaos = redis.Redis.from_url(lane.redis_url)
+    chaos.hset(
+        f"{lane.prefix}:chaos",
+        mapping={"executor_at": CALLS // 3, "worker_at": 2 * CALLS // 3, "worker_pid": worker.pid},
+    )
+    chaos.close()
     executor = start_executor(
         lane, "tests.tool_fixtures:registry", "--max-batch", str(MAX_BATCH),
         log=tmp_path / "executor1.log",
@@ -87,21 +90,19 @@ def test_loops_finish_and_recorded_calls_never_rerun_across_kill_9(
                 for i in range(N)
             ]
             client.flush()
-            at_executor_kill = _wait_done(client, ids, N // 3, 120)
-            os.kill(executor.pid, signal.SIGKILL)
-            executor.wait(10)
+            _killed(executor, "executor")
+            at_executor_kill = _done(client, ids)
             executor = start_executor(
                 lane, "tests.tool_fixtures:registry", "--max-batch", str(MAX_BATCH),
                 log=tmp_path / "executor2.log",
             )  # fmt: skip
             procs.append(executor)
-            at_worker_kill = _wait_done(client, ids, 2 * N // 3, 120)
-            os.kill(worker.pid, signal.SIGKILL)
-            worker.wait(10)
+            _killed(worker, "worker")
+            at_worker_kill = _done(client, ids)
             worker = start_worker(lane, *ECHO, log=tmp_path / "worker2.log")
             procs.append(worker)
             results = client.wait_many(ids, timeout=180)
-        assert 0 < at_executor_kill < N and at_executor_kill <= at_worker_kill < N, (
+        assert at_executor_kill < N and at_worker_kill < N, (
             f"both kills must land mid-stream (done at the executor kill: {at_executor_kill}, "
             f"at the worker kill: {at_worker_kill}, of {N})"
         )
