@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -31,10 +29,9 @@ import redis
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
+from producer.envelopes import Request, build_envelope, now_utc
 from producer.placement import PlacementMode, PrefixPlanner, arrange, family_key, placement_mode
 from schemas import (
-    CHAT_ENDPOINT,
-    COMPLETIONS_ENDPOINT,
     ConnectionSettings,
     ContractError,
     RedisKeys,
@@ -45,7 +42,6 @@ from schemas import (
 )
 from schemas.kafka_compat import repair_idempotent_reset
 from schemas.redis_conn import connect, is_cluster, mget
-from schemas.request import OPTION_NAMES
 from schemas.result_size import check_asked
 from schemas.routes import RouteTable
 from schemas.settings import BULK
@@ -75,78 +71,6 @@ class PublishError(RuntimeError):
         first = next(iter(self.failed.items()), None)
         detail = f"; first: {first[0]}: {first[1]!r}" if first else ""
         super().__init__(f"{len(self.failed)} record(s) not acknowledged by Kafka{detail}")
-
-
-def new_request_id() -> str:
-    """A fresh request id: `req-` + 32 hex digits."""
-    return f"req-{uuid.uuid4().hex}"
-
-
-def endpoint_for(body: Mapping[str, Any]) -> str:
-    """`/v1/completions` for a body with `prompt` and no `messages`, else chat."""
-    return COMPLETIONS_ENDPOINT if "prompt" in body and "messages" not in body else CHAT_ENDPOINT
-
-
-def now_utc() -> datetime:
-    return datetime.now(UTC)
-
-
-def build_envelope(
-    body: Mapping[str, Any],
-    *,
-    request_id: str | None = None,
-    endpoint: str | None = None,
-    submitted_at: datetime | None = None,
-    **options: Any,
-) -> RequestEnvelope:
-    """A validated envelope (ContractError naming the field if not valid).
-
-    `options` are `schemas.RequestOptions` fields (job_id, custom_id, priority, deadline,
-    result_ttl_s, metadata); None means "not set". An unknown name is a ContractError.
-    """
-    return Request(body=body, request_id=request_id, endpoint=endpoint, **options).envelope(
-        submitted_at
-    )
-
-
-class Request:
-    """One request for `submit_many`: a body, optionally its id and endpoint, and any
-    `schemas.RequestOptions` (the same names `submit` takes; None means "not set")."""
-
-    __slots__ = ("body", "endpoint", "options", "request_id")
-
-    def __init__(
-        self,
-        body: Mapping[str, Any],
-        *,
-        request_id: str | None = None,
-        endpoint: str | None = None,
-        **options: Any,
-    ) -> None:
-        unknown = sorted(set(options) - set(OPTION_NAMES))
-        if unknown:
-            raise ContractError(
-                f"unknown request option(s) {', '.join(unknown)}; known: {', '.join(OPTION_NAMES)}",
-                param=unknown[0],
-            )
-        self.body = body
-        self.request_id = request_id
-        self.endpoint = endpoint
-        self.options = {k: v for k, v in options.items() if v is not None}
-
-    def __repr__(self) -> str:
-        return f"Request(request_id={self.request_id!r}, options={self.options!r})"
-
-    def envelope(self, submitted_at: datetime | None = None) -> RequestEnvelope:
-        data: dict[str, Any] = {
-            "request_id": self.request_id if self.request_id is not None else new_request_id(),
-            "endpoint": self.endpoint or endpoint_for(self.body),
-            "body": dict(self.body),
-            "submitted_at": (submitted_at or now_utc()).isoformat(),
-        }
-        for name, value in self.options.items():
-            data[name] = value.isoformat() if isinstance(value, datetime) else value
-        return validate_envelope(data)
 
 
 def parse_result(raw: bytes | str | None) -> ResultEnvelope | None:

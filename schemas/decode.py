@@ -18,7 +18,8 @@ import json
 import re
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import to_json
 
 from schemas import limits
 from schemas.errors import ContractError
@@ -35,9 +36,50 @@ def valid_id(value: object) -> str | None:
     return None
 
 
+def recover_ref(data: object, key: bytes | None) -> RequestRef | None:
+    """Best effort, field by field: None when no valid request_id can be found (from the
+    JSON object `data`, else from the record key)."""
+    fields = data if isinstance(data, dict) else {}
+    request_id = valid_id(fields.get("request_id"))
+    if request_id is None and key:
+        try:
+            request_id = valid_id(key.decode("utf-8"))
+        except UnicodeDecodeError:
+            request_id = None
+    if request_id is None:
+        return None
+    return RequestRef(
+        request_id=request_id,
+        job_id=_field("job_id", fields),
+        custom_id=_field("custom_id", fields),
+        metadata=_field("metadata", fields),
+        result_ttl_s=_field("result_ttl_s", fields) or limits.DEFAULT_RESULT_TTL_S,
+    )
+
+
+def _field(name: str, data: dict[str, Any]) -> Any:
+    """`data[name]` if it is valid under the envelope's own rule for that field, else None."""
+    if name not in data:
+        return None
+    adapter = _ADAPTERS.get(name)
+    if adapter is None:
+        info = RequestEnvelope.model_fields[name]
+        adapter = _ADAPTERS[name] = TypeAdapter(info.rebuild_annotation())
+    try:
+        value = adapter.validate_python(data[name])
+    except (ValidationError, ValueError, RecursionError):
+        return None
+    if name == "metadata" and len(to_json(value)) > limits.MAX_METADATA_BYTES:
+        return None  # the envelope's size rule for metadata is a model validator
+    return value
+
+
+_ADAPTERS: dict[str, TypeAdapter[Any]] = {}
+
+
 def recover_request_id(data: object, key: bytes | None) -> str | None:
     """Best effort: a well-formed request_id from the parsed JSON or the record key."""
-    ref = RequestRef.recover(data, key)
+    ref = recover_ref(data, key)
     return ref.request_id if ref is not None else None
 
 
@@ -53,7 +95,7 @@ def parse_json(raw: bytes, key: bytes | None = None) -> dict[str, Any]:
         raise ContractError(
             f"envelope is {len(raw)} bytes, over the {limits.MAX_ENVELOPE_BYTES} byte limit",
             param="(envelope)",
-            ref=RequestRef.recover(None, key),
+            ref=recover_ref(None, key),
         )
     try:
         text = raw.decode("utf-8")
@@ -61,25 +103,25 @@ def parse_json(raw: bytes, key: bytes | None = None) -> dict[str, Any]:
         raise ContractError(
             f"not UTF-8 at byte {exc.start}",
             param="(envelope)",
-            ref=RequestRef.recover(None, key),
+            ref=recover_ref(None, key),
         ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ContractError(
-            f"not JSON: {exc}", param="(envelope)", ref=RequestRef.recover(None, key)
+            f"not JSON: {exc}", param="(envelope)", ref=recover_ref(None, key)
         ) from None
     except Exception as exc:  # integers past Python's digit limit, deep nesting, ...
         raise ContractError(
             f"not JSON this service can read: {_why(exc)}",
             param="(envelope)",
-            ref=RequestRef.recover(None, key),
+            ref=recover_ref(None, key),
         ) from None
     if not isinstance(data, dict):
         raise ContractError(
             f"envelope must be a JSON object, got {type(data).__name__}",
             param="(envelope)",
-            ref=RequestRef.recover(None, key),
+            ref=recover_ref(None, key),
         )
     return data
 
@@ -97,7 +139,7 @@ def validate_envelope(data: dict[str, Any], key: bytes | None = None) -> Request
 
 def _recover(data: object, key: bytes | None) -> RequestRef | None:
     try:
-        return RequestRef.recover(data, key)
+        return recover_ref(data, key)
     except Exception:  # salvage is best effort; never worse than no reference
         return None
 

@@ -7,12 +7,10 @@ bulk file line by line without reading worker logs.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-if TYPE_CHECKING:
-    from schemas.ref import RequestRef
+from schemas.ref import RequestRef
 
 
 class ErrorCode(StrEnum):
@@ -115,8 +113,6 @@ class ContractError(ValueError):
         self.param = param
         self.code = code
         if ref is None and request_id is not None:
-            from schemas.ref import RequestRef
-
             ref = RequestRef(request_id=request_id)
         self.ref = ref
 

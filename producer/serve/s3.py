@@ -40,7 +40,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from producer.serve.storage import FileStore, StoredFile
-from producer.serve.storage_url import S3Location, StorageError
+from producer.serve.storage_location import S3Location, StorageError
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 

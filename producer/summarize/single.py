@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from producer.envelopes import Request
 from producer.summarize.chunking import chunk_text
 from producer.summarize.plan import (
     Budget,
@@ -40,8 +41,6 @@ def summarize_text(
     `options`: `schemas.RequestOptions` for every request (priority, deadline, ...).
     PlanError / TemplateError / ContractError are raised for bad settings.
     """
-    from producer.client import Request
-
     budget = budget or Budget()
     templates = templates or Templates()
     said = instructions if instructions is not None else templates.instructions

@@ -11,9 +11,7 @@ cache (room for about one family's prefix) hits far less (measured: 0.91 vs 0.41
 from __future__ import annotations
 
 import json
-import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,15 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.partitioner import murmur2
 
 from producer.placement import family_key, home_partition
-from tests.integration.workers import Lane, qbatch, start_worker, stop_worker, wait_for
+from tests.integration.workers import (
+    Lane,
+    free_port,
+    metric_value,
+    qbatch,
+    start_worker,
+    stop_worker,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("stack")]
 
@@ -82,18 +88,6 @@ def topic_records(lane: Lane, job: str) -> Records:
         consumer.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def scrape(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + " "))
-
-
 @pytest.fixture
 def lane() -> Iterator[Lane]:
     lane = Lane.new("qpl")
@@ -128,19 +122,19 @@ def test_families_land_together_on_their_partition(lane: Lane, tmp_path: Path) -
         report = run_job(lane, tmp_path / "in.jsonl", tmp_path / "out.jsonl", "fam")
         assert report["placement"] == "prefix"
         assert (report["families"], report["placed"]) == (FAMILIES, FAMILIES * PER_FAMILY)
-        hits = scrape(port, "qbatch_engine_prefix_cache_hits_tokens_total")
-        queries = scrape(port, "qbatch_engine_prefix_cache_queries_tokens_total")
+        hits = metric_value(port, "qbatch_engine_prefix_cache_hits_tokens_total")
+        queries = metric_value(port, "qbatch_engine_prefix_cache_queries_tokens_total")
         assert 0 < hits <= queries
         plain = run_job(
             lane, tmp_path / "in.jsonl", tmp_path / "out2.jsonl", "plain", "--placement", "none"
         )
         assert (plain["placement"], plain["placed"]) == ("none", 0)
-        hits2 = scrape(port, "qbatch_engine_prefix_cache_hits_tokens_total") - hits
-        queries2 = scrape(port, "qbatch_engine_prefix_cache_queries_tokens_total") - queries
+        hits2 = metric_value(port, "qbatch_engine_prefix_cache_hits_tokens_total") - hits
+        queries2 = metric_value(port, "qbatch_engine_prefix_cache_queries_tokens_total") - queries
         # the cache's capacity, reported with the consumer lag (every 5 s)
         capacity = "qbatch_engine_kv_cache_capacity_tokens"
-        wait_for(capacity, lambda: scrape(port, capacity) > 0, 15)
-        assert scrape(port, capacity) == 2000  # --echo-prefix-cache-tokens, 16-token blocks
+        wait_for(capacity, lambda: metric_value(port, capacity) > 0, 15)
+        assert metric_value(port, capacity) == 2000  # --echo-prefix-cache-tokens, 16-token blocks
     finally:
         stop_worker(worker)
     with_placement, without = hits / queries, hits2 / queries2

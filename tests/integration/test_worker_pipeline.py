@@ -28,7 +28,7 @@ from kafka.structs import TopicPartition
 from schemas.keys import RedisKeys
 from schemas.redis_conn import is_cluster, is_cluster_url, mget
 from tests.integration.cluster_stack import ON_CLUSTER
-from tests.integration.workers import Lane, stop_worker
+from tests.integration.workers import Lane, free_port, metric_value, stop_worker, wait_for
 from tests.integration.workers import start_worker as _start_worker
 
 _current_tmp: ContextVar[Path] = ContextVar("tmp")
@@ -68,9 +68,11 @@ def lane(stack: Any, tmp_path: Path) -> Iterator[Lane]:
     lane.delete_topics()
 
 
-def start_worker(lane: Lane, *extra: str) -> subprocess.Popen[bytes]:
+def start_worker(lane: Lane, *extra: str, metrics_port: int = 0) -> subprocess.Popen[bytes]:
     """An echo worker logging to the test's tmp dir (printed on failure)."""
-    return _start_worker(lane, *extra, log=_current_tmp.get() / "worker.log")
+    return _start_worker(
+        lane, *extra, log=_current_tmp.get() / "worker.log", metrics_port=metrics_port
+    )
 
 
 def keys(lane: Lane) -> RedisKeys:
@@ -385,8 +387,13 @@ def test_kill_9_mid_stream_loses_nothing(lane: Lane, redis_client: redis.Redis) 
 def test_sigterm_drains_in_flight_work(lane: Lane, redis_client: redis.Redis) -> None:
     envelopes = [chat(f"s{i}", f"drain {i}") for i in range(300)]
     produce_envelopes(lane, envelopes)
-    worker = start_worker(lane, "--echo-delay-ms", "1500", "--drain-timeout-s", "30")
-    time.sleep(4.0)  # joined the group and took records; answers take 1.5 s each
+    port = free_port()
+    worker = start_worker(
+        lane, "--echo-delay-ms", "1500", "--drain-timeout-s", "30", metrics_port=port
+    )
+    # SIGTERM once the worker has taken records (answers take 1.5 s each, so they are
+    # still in flight): what it took must be finished, written and committed first
+    wait_for("the worker to take records", lambda: _consumed(port) > 0, 60)
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(40) == 0
     rids = [e["request_id"] for e in envelopes]
@@ -401,6 +408,13 @@ def test_sigterm_drains_in_flight_work(lane: Lane, redis_client: redis.Redis) ->
         assert len(wait_results(redis_client, lane.prefix, rids)) == 300
     finally:
         stop_worker(worker)
+
+
+def _consumed(port: int) -> float:
+    try:
+        return metric_value(port, "qbatch_records_consumed_total")
+    except OSError:  # not listening yet
+        return 0.0
 
 
 def committed_total(lane: Lane) -> int:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -177,6 +179,23 @@ def wait_for(what: str, check: Any, timeout: float) -> float:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.1)
     return time.monotonic() - t0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def metric_value(port: int, name: str) -> float:
+    """The sum of a Prometheus sample `name` (all its label sets) on 127.0.0.1:`port`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((name + " ", name + "{"))
+    )
 
 
 def start_worker(
