@@ -16,12 +16,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from producer.cli_common import EXIT_USAGE, Options, err, opts, usage_error
-from producer.tools.registry import ToolRegistry, load_registry
+
+if TYPE_CHECKING:
+    from worker.tool_loop.registry import ToolRegistry
 
 tools_app = typer.Typer(
     help="The tool loop's executor: run the model's tool calls and continue the loop.",
@@ -42,6 +44,8 @@ def build_registry(ref: str | None, config: Path | None) -> ToolRegistry:
     """--registry and/or --config -> one registry (usage errors name the flag)."""
     if ref is None and config is None:
         raise usage_error("give --registry module:attribute and/or --config tools.yaml")
+    from worker.tool_loop.registry import ToolRegistry, load_registry
+
     sys.path.insert(0, ".")  # `--registry myapp.tools:registry` from the current directory
     try:
         registry = load_registry(ref) if ref else ToolRegistry()
@@ -55,7 +59,7 @@ def build_registry(ref: str | None, config: Path | None) -> ToolRegistry:
 def executor_settings(o: Options, **overrides: Any) -> Any:
     """ExecutorSettings from the environment, the global flags and `overrides`."""
     try:
-        from worker.tool_executor import ExecutorSettings
+        from worker.tool_loop.executor import ExecutorSettings
     except ImportError as exc:
         err.print(f"[red]error:[/] the executor needs qbatch[worker] installed ({exc})")
         raise typer.Exit(EXIT_USAGE) from None
@@ -76,7 +80,7 @@ def executor_settings(o: Options, **overrides: Any) -> Any:
 def embedded_executor(o: Options, registry: ToolRegistry, **overrides: Any) -> Iterator[None]:
     """An executor on a thread for the length of the block (`bulk run --tool-loop`)."""
     from worker import logs
-    from worker.tool_executor import ToolExecutor
+    from worker.tool_loop.executor import ToolExecutor
 
     logs.configure("warning")
     executor = ToolExecutor(executor_settings(o, **overrides), registry)
@@ -126,7 +130,7 @@ def tools_serve(
     )
     from worker import health, logs
     from worker.metrics import TOOLS_REGISTRY
-    from worker.tool_executor import ExecutorState, ToolExecutor
+    from worker.tool_loop.executor import ExecutorState, ToolExecutor
 
     logs.configure(settings.log_level, settings.log_format)
     state = ExecutorState()

@@ -108,6 +108,14 @@ def slow(seconds: float) -> str:
     return "woke"
 
 
+@registry.tool(timeout_s=60)
+def nap(seconds: float, tag: str = "") -> str:
+    """Sleeps up to a minute (longer than a short `max.poll.interval.ms`); counted."""
+    time.sleep(seconds)
+    _count(f"nap:{tag}")
+    return "rested"
+
+
 @registry.tool
 def boom() -> str:
     """Always fails."""

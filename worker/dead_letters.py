@@ -30,7 +30,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import KafkaProducer
@@ -113,21 +113,45 @@ def letter_of(record: SourceRecord, error: ContractError, max_bytes: int, now: f
     return letter
 
 
+@dataclass(frozen=True, slots=True)
+class DeadLetterConfig:
+    """What `DeadLetters` needs from its process's settings (the worker's, `of_worker`, or
+    the tool executor's: both send their bad records the same way)."""
+
+    topic: str
+    client_id: str
+    kafka: dict[str, Any] = field(default_factory=dict)
+    max_record_bytes: int = 1_040_000
+    give_up_s: float = 60.0
+
+    @classmethod
+    def of_worker(cls, settings: WorkerSettings) -> DeadLetterConfig:
+        return cls(
+            topic=settings.dlq_topic,
+            client_id=f"qbatch-dlq-{settings.worker_id}",
+            kafka=settings.kafka_kwargs(),
+            max_record_bytes=settings.dlq_max_record_bytes,
+            give_up_s=settings.dlq_give_up_s,
+        )
+
+
 class DeadLetters:
     """Queues letters, sends them on a thread of its own, and tells intake which offsets
     must wait for theirs (see the module docstring)."""
 
     def __init__(
         self,
-        settings: WorkerSettings,
+        settings: WorkerSettings | DeadLetterConfig,
         producer: Any = None,
         *,
         start: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._topic = settings.dlq_topic
-        self._max_bytes = settings.dlq_max_record_bytes
-        self._give_up_s = settings.dlq_give_up_s
+        if not isinstance(settings, DeadLetterConfig):
+            settings = DeadLetterConfig.of_worker(settings)
+        self._topic = settings.topic
+        self._max_bytes = settings.max_record_bytes
+        self._give_up_s = settings.give_up_s
         self._clock = clock
         self._config: dict[str, Any] = {
             "acks": "all",
@@ -136,8 +160,8 @@ class DeadLetters:
             "max_block_ms": 5_000,
             "max_request_size": max(1_048_576, self._max_bytes + 65_536),
             "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
-            "client_id": f"qbatch-dlq-{settings.worker_id}",
-            **settings.kafka_kwargs(),
+            "client_id": settings.client_id,
+            **settings.kafka,
         }
         self._producer = producer or self._new_producer()
         self._cond = threading.Condition()

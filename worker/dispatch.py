@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from schemas import ContractError, ErrorCode, ErrorInfo, RequestEnvelope, Status, WorkerInfo
 from schemas.ref import RequestRef
-from worker import failpoints, metrics, tool_loop
+from worker import failpoints, metrics
 from worker.engines.base import Engine, EngineOutput, EngineRequest
 from worker.logs import log
 from worker.records import DispatchQueue, Finished, Inbound, Reply, Running
@@ -35,6 +35,7 @@ from worker.sinks.base import (
 )
 from worker.sinks.retrying import GiveUp, retrying
 from worker.supervision import Suspect
+from worker.tool_loop import routing
 
 LANE_PRIORITY_STRIDE = 2**32
 """Engine priority = (2 * lane rank + fresh) * stride + request priority, `fresh` 0 for a
@@ -250,7 +251,7 @@ class Dispatcher:
     def _answer(self, item: Inbound, error: ErrorInfo, status: Status) -> None:
         """A request that never reaches the engine gets its result here."""
         env = item.envelope
-        result = tool_loop.finalize(
+        result = routing.finalize(
             env,
             refused_result(
                 env,

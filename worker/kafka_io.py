@@ -1,4 +1,4 @@
-"""The Kafka side of the worker: a consumer owned by one thread, and the DLQ producer.
+"""The Kafka side of the worker and the tool executor: a consumer owned by one thread.
 
 kafka-python's consumer is not thread-safe, so this adapter is used only from
 the service's main loop: poll, commit, pause and resume all happen there. The
@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer
@@ -81,21 +82,61 @@ _REACH_CHECK_S = 5.0
 """How often, while nothing is fetched, the brokers are probed (a TCP connect)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    """What a `RequestConsumer` needs from its process's settings: the worker's
+    (`of_worker`) or the tool executor's, which consumes the tool-calls topic the same way
+    (manual commits, pauses, the stall watchdog)."""
+
+    topics: list[str]
+    group: str
+    client_id: str
+    kafka_bootstrap: str
+    kafka: dict[str, Any] = field(default_factory=dict)
+    """`ConnectionSettings.kafka_kwargs()`: bootstrap servers and security."""
+    auto_offset_reset: str = "earliest"
+    session_timeout_ms: int = 45_000
+    max_poll_interval_ms: int = 300_000
+    max_poll_records: int = 2000
+    isolation_level: str = "read_committed"
+    metadata_max_age_ms: int = 5_000
+    stall_timeout_s: float = 30.0
+
+    @classmethod
+    def of_worker(cls, settings: WorkerSettings) -> ConsumerConfig:
+        return cls(
+            topics=[lane.topic for lane in settings.lane_policies()],
+            group=settings.group,
+            client_id=f"qbatch-{settings.worker_id}",
+            kafka_bootstrap=settings.kafka_bootstrap,
+            kafka=settings.kafka_kwargs(),
+            auto_offset_reset=settings.auto_offset_reset,
+            session_timeout_ms=settings.session_timeout_ms,
+            max_poll_interval_ms=settings.max_poll_interval_ms,
+            max_poll_records=settings.poll_max_records,
+            isolation_level=settings.isolation_level,
+            metadata_max_age_ms=settings.metadata_max_age_ms,
+            stall_timeout_s=settings.kafka_stall_timeout_s,
+        )
+
+
 class RequestConsumer:
     def __init__(
         self,
-        settings: WorkerSettings,
+        settings: WorkerSettings | ConsumerConfig,
         on_reachability: Callable[[bool], None] = lambda ok: None,
     ) -> None:
+        if not isinstance(settings, ConsumerConfig):
+            settings = ConsumerConfig.of_worker(settings)
         self._settings = settings
         self._listener: _Listener | None = None
         self._paused = False
         """Every partition paused (backpressure, a sink down, draining)."""
         self._held_topics: frozenset[str] = frozenset()
         """Topics whose partitions are paused on their own (lanes yielding, at their cap)."""
-        self.topics = [lane.topic for lane in settings.lane_policies()]
+        self.topics = list(settings.topics)
         self.recreated = 0  # consumers replaced by the stall watchdog (see _check_stall)
-        self._stall_s = settings.kafka_stall_timeout_s
+        self._stall_s = settings.stall_timeout_s
         self._stall_limit = self._stall_s
         self._last_fetch_ok = time.monotonic()
         self._last_poll_end = time.monotonic()
@@ -118,14 +159,14 @@ class RequestConsumer:
             auto_offset_reset=settings.auto_offset_reset,
             session_timeout_ms=settings.session_timeout_ms,
             max_poll_interval_ms=settings.max_poll_interval_ms,
-            max_poll_records=settings.poll_max_records,
+            max_poll_records=settings.max_poll_records,
             fetch_max_bytes=64 * 1024 * 1024,
             max_partition_fetch_bytes=4 * 1024 * 1024,
             # kafka-python's default grows the reconnect backoff to 30 s while a broker is
             # down, so after a 15 s outage the worker sat idle ~35 s more before it looked
             # again (tests/reliability, kafka outage). 2 s caps that wait.
             reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
-            client_id=f"qbatch-{settings.worker_id}",
+            client_id=settings.client_id,
             # read_committed (the default): a record of an aborted transaction is never
             # answered, one of an open transaction only once it commits. With
             # transactional results it is required: offsets are committed inside
@@ -135,7 +176,7 @@ class RequestConsumer:
             isolation_level=settings.isolation_level,
             # new partitions of a topic are seen at the next metadata refresh
             metadata_max_age_ms=settings.metadata_max_age_ms,
-            **settings.kafka_kwargs(),
+            **settings.kafka,
         )
         self._watch_fetches(consumer)
         return consumer

@@ -29,8 +29,8 @@ from schemas.result import (
 )
 from schemas.usage import CompletionTokensDetails, PromptTokensDetails
 from worker.engines.base import EngineOutput, EngineSample, TokenLogprob
-from worker.forced_calls import as_blocks
 from worker.rendering import RenderedPrompt
+from worker.tool_loop.forced_calls import as_blocks
 from worker.toolcalls import IdFactory, ParsedOutput, parse_output
 
 __all__ = [

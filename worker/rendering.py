@@ -16,7 +16,7 @@ Chat requests are rendered with the model's own chat template
 * `reasoning_content` of assistant messages is passed through (Qwen3's template uses it).
 * `tool_choice`: `"none"` renders without tools; `"auto"`, `"required"` and a named function
   render with all tools. A `"required"`/named choice also sets the sampling's JSON Schema
-  (`worker.forced_calls`): on vLLM (structured outputs) the output is then a valid call.
+  (`worker.tool_loop.forced_calls`): on vLLM (structured outputs) the output is then a valid call.
   The parser (`worker.toolcalls`) reports whatever the model actually emitted.
 
 A renderer with `tokenizer=None` (the echo engine) renders cheaply and deterministically: the
@@ -52,9 +52,9 @@ from schemas.request import (
 from schemas.result_size import DEFAULT_MAX_RESULT_BYTES, ResultSize
 from worker import context_window as cw
 from worker.engines.base import EngineRequest, SamplingSpec
-from worker.forced_calls import ForcedCall, forced_call, forced_schema
 from worker.sampling import GENERATION_DEFAULT_KEYS, load_generation_defaults, sampling_from_body
 from worker.template_messages import echo_text, messages_to_template
+from worker.tool_loop.forced_calls import ForcedCall, forced_call, forced_schema
 
 __all__ = [
     "DEFAULT_OUTPUT_RESERVE",
@@ -129,7 +129,7 @@ class RenderedPrompt:
     prompt_tokens: int
     """Length of the prompt in tokens (whitespace-split words without a tokenizer)."""
     forced: ForcedCall | None = None
-    """A forced tool choice: the output is JSON (see `worker.forced_calls`)."""
+    """A forced tool choice: the output is JSON (see `worker.tool_loop.forced_calls`)."""
     think_end_id: int | None = None
     """The `</think>` token id when reasoning is enabled (counts reasoning tokens)."""
     cache_salt: str | None = None

@@ -25,7 +25,7 @@ from schemas import ContractError, ErrorCode, ResultEnvelope, WorkerInfo
 from schemas.ref import RequestRef
 from schemas.replies import WriteReply, WriteStatus
 from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
-from worker import failpoints, metrics, tool_loop
+from worker import failpoints, metrics
 from worker.dead_letters import DeadLetters
 from worker.logs import log
 from worker.records import Done, Finished, Reply
@@ -34,6 +34,7 @@ from worker.results import duplicate_result, finished_result
 from worker.sinks.base import ReplySink, SinkHealth, SinkRefused
 from worker.sinks.retrying import GiveUp, retrying
 from worker.supervision import Suspect
+from worker.tool_loop import routing
 
 T = TypeVar("T")
 _QUEUE_POLL_S = 0.05
@@ -194,14 +195,14 @@ class Writer:
         """The reply of a tool-loop request: its final result, or the next turn for the
         executor (an error result when that turn would be over the topic's record size)."""
         env = item.running.inbound.envelope
-        routed = tool_loop.route(env, result, lane=reply.lane, now_ms=item.finished_ms)
+        routed = routing.route(env, result, lane=reply.lane, now_ms=item.finished_ms)
         if isinstance(routed, ResultEnvelope):
             reply.result = routed
             return
         reply.result, reply.turn = None, routed
         size = len(reply.encoded_turn())
         if size > self._turn_max_bytes:
-            reply.result = tool_loop.event_too_large(env, result, size, self._turn_max_bytes)
+            reply.result = routing.event_too_large(env, result, size, self._turn_max_bytes)
             reply.turn = None
         else:
             metrics.TOOL_TURNS.inc()

@@ -1,24 +1,8 @@
-"""Tools for qbatch's tool loop: the registry (`ToolRegistry`), HTTP tools from a config
-file, and the call runner the executor (`qbatch tools serve`) uses."""
+"""The tool-author API under its earlier name: `worker.tool_loop` is the loop's home (the
+registry, HTTP tools, the runner and the executor); this module re-exports its public
+names so registries written as `from producer.tools import ToolRegistry` keep working."""
 
-from producer.tools.registry import (
-    FunctionTool,
-    InvalidArguments,
-    PermissionHook,
-    ToolCallContext,
-    ToolRegistry,
-    ToolSpec,
-    load_registry,
-    refuse_sensitive,
-)
+from worker import tool_loop as _home
+from worker.tool_loop import *  # noqa: F403
 
-__all__ = [
-    "FunctionTool",
-    "InvalidArguments",
-    "PermissionHook",
-    "ToolCallContext",
-    "ToolRegistry",
-    "ToolSpec",
-    "load_registry",
-    "refuse_sensitive",
-]
+__all__ = list(_home.__all__)

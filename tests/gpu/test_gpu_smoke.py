@@ -110,7 +110,7 @@ def pipeline() -> Iterator[dict[str, Any]]:
 def _executor(settings: Any, run: str) -> Any:
     """`qbatch tools serve` in a thread, with one weather tool."""
     from producer.tools import ToolRegistry
-    from worker.tool_executor import ExecutorSettings, ToolExecutor
+    from worker.tool_loop.executor import ExecutorSettings, ToolExecutor
 
     registry = ToolRegistry()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from schemas import ErrorCode, ResultEnvelope, Status
 from schemas.redis_conn import connect
@@ -327,3 +327,48 @@ def test_the_readme_weather_example_runs_as_written(lane: Lane, tmp_path: Path) 
     answer, transcript = run.stdout.strip().splitlines()
     assert json.loads(answer) == {"city": "Paris", "temp": 21, "unit": "celsius"}
     assert "get_weather" in transcript and '"temp":21' in transcript
+
+
+def test_a_tool_slower_than_the_poll_interval_keeps_the_executor_in_its_group(
+    lane: Lane, tmp_path: Path
+) -> None:
+    """A call running past kafka-python's max.poll.interval.ms (here 6 s, the broker's
+    minimum session) once cost the executor its partitions: its commit failed, exit 70, and
+    the turn ran again on the next owner. Now it polls, paused, while calls run."""
+    lane.extra_env.update(
+        QBATCH_TOOLS_SESSION_TIMEOUT_MS="6000", QBATCH_TOOLS_MAX_POLL_INTERVAL_MS="6000"
+    )
+    worker = start_worker(lane, log=tmp_path / "worker.log")
+    executor = start_executor(lane, log=tmp_path / "executor.log")
+    try:
+        with lane.client() as client:
+            rid = client.submit(
+                body(call_block("nap", seconds=10, tag="long"), "nap"),
+                tool_loop={"max_turns": 2},
+            )
+            result = client.wait(rid, timeout=90)
+        assert result is not None and result.status is Status.succeeded, result
+        assert result.response.choices[0].message.content == "rested"  # type: ignore[union-attr]
+        assert ran(lane, "nap:long") == 1, "the call ran again elsewhere"
+        assert executor.poll() is None, "the executor exited"
+        consumer = KafkaConsumer(bootstrap_servers=lane.bootstrap, group_id=f"{lane.group}-tools")
+        try:
+            parts = [
+                TopicPartition(lane.tool_calls_topic, p)
+                for p in consumer.partitions_for_topic(lane.tool_calls_topic) or ()
+            ]
+            deadline = time.monotonic() + 30
+            while True:
+                ends = consumer.end_offsets(parts)
+                committed = {tp: consumer.committed(tp) or 0 for tp in parts}
+                if committed == ends or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert committed == ends, "the turn event's offset was never committed"
+        finally:
+            consumer.close()
+        log = (tmp_path / "executor.log").read_text()
+        assert "commit_lost_to_rebalance" not in log and "executor_failed" not in log
+    finally:
+        stop_worker(executor)
+        stop_worker(worker)

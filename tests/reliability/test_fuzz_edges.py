@@ -40,8 +40,6 @@ from producer.serve.errors import ApiError
 from producer.serve.sync import run_sync
 from producer.stream_scan import scan_stream
 from producer.tools import ToolRegistry
-from producer.tools.continuation import continuation, pending_calls
-from producer.tools.runner import run_calls
 from schemas import decode_request, limits
 from schemas.decode import encode_request
 from schemas.limits import MAX_ENVELOPE_BYTES
@@ -49,8 +47,10 @@ from schemas.tool_events import ToolTurnEvent
 from tests.reliability.conftest import figures
 from tests.reliability.test_fuzz import _get, _paths, json_values
 from tests.unit.test_tool_loop_logic import envelope, record, result
-from worker.tool_executor import malformed_answer, next_envelope
-from worker.tool_loop import route
+from worker.tool_loop.answers import malformed_answer, next_envelope
+from worker.tool_loop.continuation import continuation, pending_calls
+from worker.tool_loop.routing import route
+from worker.tool_loop.runner import run_calls
 
 STATS: collections.Counter[str] = collections.Counter()
 

@@ -380,7 +380,7 @@ def test_deploy_readme_links_resolve() -> None:
 def test_the_tool_executor_is_deployed_with_the_workers_config() -> None:
     """k8s and compose run `qbatch tools serve` on the worker image, with its HTTP tools
     file mounted, the worker's connection settings, and probes on its metrics port."""
-    from producer.tools.http import load_http_tools
+    from worker.tool_loop.http import load_http_tools
 
     docs = [d for p in BASE.glob("*.yaml") if p.name != "kustomization.yaml" for d in load_all(p)]
     (deployment,) = [d for d in docs if d["kind"] == "Deployment" and component(d) == TOOL_EXECUTOR]

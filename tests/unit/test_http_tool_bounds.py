@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from producer.tools.http import load_http_tools
-from producer.tools.registry import ToolRegistry
-from producer.tools.runner import PendingCall, run_calls
 from schemas.tool_loop import ToolErrorKind
+from worker.tool_loop.http import load_http_tools
+from worker.tool_loop.registry import ToolRegistry
+from worker.tool_loop.runner import PendingCall, run_calls
 
 
 class _Seen(BaseHTTPRequestHandler):

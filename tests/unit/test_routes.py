@@ -17,7 +17,7 @@ from producer.serve.errors import openai_code
 from schemas import ContractError, ErrorCode, RequestEnvelope
 from schemas.routes import RoutesError, RouteTable, load_routes, parse_routes
 from schemas.settings import BULK, ConnectionSettings
-from worker.tool_executor import continuation_topic
+from worker.tool_loop.answers import continuation_topic
 
 TABLE = {
     "qwen3-8b": {"topic": "q.qwen", "bulk_topic": "q.qwen.bulk"},

@@ -6,20 +6,20 @@ from typing import Any
 
 import pytest
 
-from producer.tools.continuation import (
+from schemas import ChatCompletion, ErrorCode, ErrorInfo, RequestEnvelope, ResultEnvelope, Status
+from schemas.result import AssistantOutput, ChatChoice
+from schemas.tool_events import ToolTurnEvent
+from schemas.tool_loop import CallRecord
+from schemas.usage import Usage
+from worker.tool_loop.continuation import (
     ContinuationError,
     aborted,
     continuation,
     fingerprint,
     pending_calls,
 )
-from producer.tools.runner import PendingCall
-from schemas import ChatCompletion, ErrorCode, ErrorInfo, RequestEnvelope, ResultEnvelope, Status
-from schemas.result import AssistantOutput, ChatChoice
-from schemas.tool_events import ToolTurnEvent
-from schemas.tool_loop import CallRecord
-from schemas.usage import Usage
-from worker.tool_loop import event_too_large, finalize, route, turn_of
+from worker.tool_loop.routing import event_too_large, finalize, route, turn_of
+from worker.tool_loop.runner import PendingCall
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
@@ -215,8 +215,8 @@ def test_aborting_a_forged_sixteen_turn_loop_never_raises() -> None:
 def test_an_error_message_quoting_a_huge_argument_is_cut() -> None:
     """A validator's message quotes the value: 160,000 x U+200B made the call's record too
     large for its own schema (900,000 characters)."""
-    from producer.tools.runner import ERROR_MESSAGE_CHARS, error_content
     from schemas.tool_loop import ToolErrorKind
+    from worker.tool_loop.runner import ERROR_MESSAGE_CHARS, error_content
 
     content = error_content(ToolErrorKind.invalid_arguments, "bad: " + "\u200b" * 160_000)
     assert len(content) < ERROR_MESSAGE_CHARS + 200

@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
-from producer.tools.continuation import continuation
 from schemas import ContractError, RequestEnvelope, WorkerInfo
 from schemas.result import AssistantOutput
 from schemas.tool_events import ToolTurnEvent
 from schemas.tool_loop import CallRecord
 from schemas.usage import Usage
 from worker.engines.base import EngineOutput
-from worker.forced_calls import ForcedCall, as_blocks
 from worker.outputs import build_response
 from worker.records import Finished, Inbound, Running
 from worker.rendering import PromptRenderer
 from worker.results import finished_result
+from worker.tool_loop.continuation import continuation
+from worker.tool_loop.forced_calls import ForcedCall, as_blocks
 
 WEATHER = {
     "type": "function",

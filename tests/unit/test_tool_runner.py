@@ -8,9 +8,12 @@ import json
 import threading
 import time
 
+import pytest
+
 from producer.tools import ToolCallContext, ToolRegistry
-from producer.tools.runner import PendingCall, error_content, run_calls
 from schemas.tool_loop import ToolErrorKind
+from worker.tool_loop import ToolError
+from worker.tool_loop.runner import INTERNAL_ERROR, PendingCall, error_content, run_calls
 
 
 def call(name: str, arguments: str = "{}", call_id: str | None = None) -> PendingCall:
@@ -101,7 +104,9 @@ def test_each_bad_case_is_a_json_error_message_and_good_calls_still_run() -> Non
         body = json.loads(record.content)["error"]
         assert body["type"] == record.error.value and body["message"]  # type: ignore[union-attr]
     assert "echo" in records[1].content and "pay" in records[1].content  # lists the tools
-    assert "RuntimeError: the tool broke" in records[4].content
+    # an exception's text is the tool's internals: logged, never told (nor stored)
+    assert "the tool broke" not in records[4].content and "RuntimeError" not in records[4].content
+    assert json.loads(records[4].content)["error"]["message"] == INTERNAL_ERROR
     assert "12 bytes" in records[5].content
     assert "over 100 needs a human" in records[8].content
     assert "refused" in records[9].content
@@ -134,6 +139,7 @@ def test_a_broken_hook_refuses() -> None:
     (record,) = run_calls(registry, [call("pay", '{"amount": 1}')])
     assert record.error is ToolErrorKind.permission_denied
     assert "permission check failed" in record.content
+    assert "policy store down" not in record.content
 
 
 def test_calls_run_concurrently_and_time_out_on_their_own_clock() -> None:
@@ -173,3 +179,100 @@ def test_error_content_is_json() -> None:
     assert json.loads(error_content(ToolErrorKind.timeout, "slow ü")) == {
         "error": {"type": "timeout", "message": "slow ü"}
     }
+
+
+def test_a_tool_error_is_told_to_the_model_in_the_tools_words() -> None:
+    registry = ToolRegistry()
+
+    @registry.tool
+    def book(day: str) -> str:
+        raise ToolError(f"no room free on {day}; try another day")
+
+    (record,) = run_calls(registry, [call("book", '{"day": "Monday"}')])
+    assert record.error is ToolErrorKind.exception
+    assert (
+        json.loads(record.content)["error"]["message"] == "no room free on Monday; try another day"
+    )
+
+
+def test_a_first_parameter_typed_context_is_injected_and_not_in_the_schema() -> None:
+    registry = ToolRegistry()
+    seen: list[ToolCallContext] = []
+
+    @registry.tool
+    def charge(ctx: ToolCallContext, amount: int) -> str:
+        """Charge the card.
+
+        Args:
+            amount: In cents, at most 10,000.
+        """
+        seen.append(ctx)
+        return ctx.idempotency_key
+
+    (spec,) = registry.openai_tools("charge")
+    assert spec["function"]["description"] == "Charge the card."
+    assert spec["function"]["parameters"]["properties"] == {
+        "amount": {"type": "integer", "description": "In cents, at most 10,000."}
+    }
+    assert spec["function"]["parameters"]["required"] == ["amount"]
+    (record,) = run_calls(
+        registry, [PendingCall("req-9", 2, "call_x", "charge", '{"amount": 5}', job_id="j")]
+    )
+    assert record.ok and record.content == "req-9:2:call_x"
+    assert seen[0].job_id == "j" and seen[0].arguments == {"amount": 5}
+    # the model cannot pass the context itself
+    (forged,) = run_calls(registry, [call("charge", '{"amount": 5, "ctx": {}}')])
+    assert forged.error is ToolErrorKind.invalid_arguments
+
+
+def test_only_the_first_parameter_may_take_the_context() -> None:
+    registry = ToolRegistry()
+    with pytest.raises(TypeError, match="first parameter"):
+
+        @registry.tool
+        def late(amount: int, ctx: ToolCallContext) -> str:
+            return ""
+
+
+def test_docstring_styles_all_describe_parameters() -> None:
+    registry = ToolRegistry()
+
+    @registry.tool
+    def numpy_style(x: int) -> int:
+        """Double it.
+
+        Parameters
+        ----------
+        x : int
+            The number.
+        """
+        return 2 * x
+
+    @registry.tool
+    def sphinx_style(x: int) -> int:
+        """Triple it.
+
+        :param x: The number.
+        """
+        return 3 * x
+
+    for name, text in (("numpy_style", "Double it."), ("sphinx_style", "Triple it.")):
+        (spec,) = registry.openai_tools(name)
+        assert spec["function"]["description"] == text
+        assert spec["function"]["parameters"]["properties"]["x"]["description"] == "The number."
+
+
+def test_coroutine_tools_share_one_event_loop() -> None:
+    registry = ToolRegistry()
+    loops: list[int] = []
+
+    @registry.tool
+    async def where() -> str:
+        loops.append(id(asyncio.get_running_loop()))
+        await asyncio.sleep(0)
+        return "here"
+
+    for turn in range(3):
+        records = run_calls(registry, [call("where", call_id=f"c{turn}{i}") for i in range(4)])
+        assert all(r.ok for r in records)
+    assert len(loops) == 12 and len(set(loops)) == 1

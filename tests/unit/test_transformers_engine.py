@@ -212,14 +212,14 @@ def test_submit_after_close_answers_every_request(tiny_qwen3_dir: Path) -> None:
 def test_a_tool_loop_continuation_runs_through_the_real_template(engine: Any) -> None:
     """Turn 2 of a loop on the CPU engine: the assistant's call and the tool's result are
     rendered by Qwen3's own template, generated, and the turn becomes the final result."""
-    from producer.tools.continuation import continuation
     from schemas import ResultEnvelope, Status
     from schemas.result import AssistantOutput
     from schemas.tool_events import ToolTurnEvent
     from schemas.tool_loop import CallRecord
     from schemas.usage import Usage
     from worker.outputs import build_response
-    from worker.tool_loop import route
+    from worker.tool_loop.continuation import continuation
+    from worker.tool_loop.routing import route
 
     tool = {
         "type": "function",

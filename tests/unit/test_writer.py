@@ -300,10 +300,10 @@ def test_a_tool_loop_turn_that_cannot_be_built_costs_only_its_request(
     request and hands both offsets back (before, the exception ended the writer before the
     chunk was set, so nothing was blamed and every restart met the record again)."""
     from schemas import decode_request
-    from worker import tool_loop
     from worker.engines.echo import echo_output
     from worker.records import Finished, Inbound, Running
     from worker.rendering import PromptRenderer
+    from worker.tool_loop import routing
 
     def finished(rid: str, offset: int, *, loop: bool) -> Finished:
         env: dict[str, Any] = {
@@ -325,7 +325,7 @@ def test_a_tool_loop_turn_that_cannot_be_built_costs_only_its_request(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
 
-    monkeypatch.setattr(tool_loop, "route", broken)
+    monkeypatch.setattr(routing, "route", broken)
     store = Store()
     writer, done, _ = make(store)
     writer.inbox.put(finished("loop-1", 7, loop=True))

@@ -49,14 +49,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from producer.tools.registry import (
+from schemas import json_schema, limits
+from schemas.request import FunctionDef
+from worker.tool_loop.spec import (
     DEFAULT_TIMEOUT_S,
     InvalidArguments,
     ToolCallContext,
+    ToolError,
     ToolSpec,
 )
-from schemas import json_schema, limits
-from schemas.request import FunctionDef
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -155,9 +156,10 @@ class HttpTool(ToolSpec):
                 charset = response.headers.get_content_charset() or "utf-8"
         except urllib.error.HTTPError as exc:
             text = exc.read(300).decode("utf-8", "replace")
-            raise RuntimeError(f"HTTP {exc.code}: {text}") from None
+            raise ToolError(f"HTTP {exc.code}: {text}") from None
         except urllib.error.URLError as exc:
-            raise RuntimeError(f"{self.config.url}: {exc.reason}") from None
+            # not the URL: an env-expanded token in it would reach the transcript
+            raise ToolError(f"the endpoint could not be reached: {exc.reason}") from None
         return body.decode(charset, "replace")
 
 

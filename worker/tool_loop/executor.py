@@ -6,7 +6,7 @@ keyed by request_id, so one partition keeps them in order). For each poll:
 1. decode each record as a `ToolTurnEvent` (anything else goes to the dead-letter topic);
 2. look up every call's record in Redis (`{prefix}:toolcall:{request_id}:{turn}:{fp}`):
    a redelivered turn reuses what was recorded instead of running the tool again;
-3. run the rest concurrently (`producer.tools.runner`), and record each outcome with
+3. run the rest concurrently (`worker.tool_loop.runner`), and record each outcome with
    SET NX before anything is published: when two executors race on one turn, the
    first record wins and both continue with it;
 4. publish each continuation (or an aborted one) to the requests topic, flush, and only
@@ -17,44 +17,56 @@ whose side effect happened just before the crash runs again (HTTP tools carry an
 idempotency key for that case). A continuation may be published twice (after a crash
 between the flush and the commit); its final result is written once (SET NX), so the
 caller sees one answer.
+
+The Kafka side is the worker's: `RequestConsumer` (its stall watchdog, pauses, commits of
+explicit offsets) and `DeadLetters` (a letter always fits, never blocks the loop, and
+holds only its own partition's commit until delivered). A poll's calls run on a thread of
+their own while the main thread keeps polling with every partition paused, so a tool
+slower than kafka-python's `max.poll.interval.ms` costs no rebalance.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Literal, TypeVar
 
 import redis
-from kafka import KafkaConsumer, KafkaProducer
-from kafka.errors import KafkaError
+from kafka import KafkaProducer
+from kafka.errors import CommitFailedError, IllegalStateError, RebalanceInProgressError
+from kafka.structs import TopicPartition
 from pydantic import Field, ValidationError
 from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
 
-from producer.tools.continuation import (
-    ContinuationError,
-    aborted,
-    continuation,
-    fingerprint,
-    pending_calls,
-)
-from producer.tools.registry import ToolRegistry
-from producer.tools.runner import PendingCall, run_calls
-from schemas import ConnectionSettings, ContractError, ErrorCode, ErrorInfo, RequestEnvelope, dlq
+from schemas import ConnectionSettings, ContractError, RequestEnvelope
 from schemas.decode import encode_request
 from schemas.kafka_compat import cap_record_headers, repair_idempotent_reset
 from schemas.limits import MAX_ENVELOPE_BYTES
 from schemas.loop_auth import load_signer
-from schemas.redis_conn import connect, mget
+from schemas.redis_conn import connect
 from schemas.tool_events import ToolTurnEvent
-from schemas.tool_loop import CallRecord, LoopState
+from schemas.tool_loop import CallRecord
 from worker import failpoints, metrics
+from worker.dead_letters import DeadLetterConfig, DeadLetters
 from worker.health import ServiceState as ExecutorState
+from worker.kafka_io import ConsumerConfig, RequestConsumer
 from worker.logs import log
 from worker.records import SourceRecord
 from worker.supervision import StrikeBook, StrikeStore, Suspect, Verdict
+from worker.tool_loop.answers import (
+    abort_reason,
+    continuation_topic,
+    malformed_answer,
+    next_envelope,
+)
+from worker.tool_loop.continuation import pending_calls
+from worker.tool_loop.ledger import CallLedger
+from worker.tool_loop.registry import ToolRegistry
+from worker.tool_loop.runner import PendingCall, run_calls
 
 cap_record_headers()  # a record's headers cost memory without bound (kafka_compat, 5)
 
@@ -71,113 +83,24 @@ class ExecutorSettings(ConnectionSettings):
 
     tools_group: str = Field("qbatch-tools", description="The executors' consumer group.")
     tools_max_batch: int = Field(256, ge=1, le=10_000, description="Turn events per poll.")
+    tools_session_timeout_ms: int = Field(45_000, ge=1_000)
+    tools_max_poll_interval_ms: int = Field(
+        300_000,
+        ge=1_000,
+        description="kafka-python's max.poll.interval.ms. Calls may run longer: while they "
+        "run the executor keeps polling with its partitions paused, so it stays in the group.",
+    )
+    tools_busy_poll_s: float = Field(
+        0.5,
+        gt=0,
+        description="A poll's calls still running after this long: pause the partitions "
+        "and poll while waiting for them.",
+    )
     tools_metrics_host: str = "0.0.0.0"
     tools_metrics_port: int = Field(9101, ge=0, le=65_535, description="0 disables /metrics.")
     executor_id: str = Field(default_factory=lambda: f"tools-{time.time_ns() % 10**9}")
     log_level: str = "info"
     log_format: Literal["json", "console"] = "json"
-
-
-class CallLedger:
-    """The executor's memory of calls, in Redis: one SET NX string per call."""
-
-    def __init__(self, client: redis.Redis, settings: ConnectionSettings) -> None:
-        self._client = client
-        self._keys = settings.keys
-
-    def key(self, call: PendingCall) -> str:
-        return self._keys.tool_call(call.request_id, call.turn, fingerprint(call))
-
-    def lookup(self, keys: list[str]) -> dict[str, CallRecord]:
-        if not keys:
-            return {}
-        values: list[Any] = mget(self._client, keys)
-        found: dict[str, CallRecord] = {}
-        for key, value in zip(keys, values, strict=True):
-            if value is None:
-                continue
-            try:
-                found[key] = CallRecord.model_validate_json(value)
-            except ValidationError:
-                log.warning("tool_record_unreadable", key=key)  # run it again
-        return found
-
-    def record(self, items: list[tuple[str, CallRecord, int]]) -> dict[str, CallRecord]:
-        """SET NX each (key, record, ttl_s); where another executor was first, its record."""
-        if not items:
-            return {}
-        pipe = self._client.pipeline(transaction=False)
-        for key, record, ttl in items:
-            pipe.set(key, record.model_dump_json(exclude_none=True), nx=True, ex=ttl)
-        created = pipe.execute()
-        lost = [key for (key, _, _), ok in zip(items, created, strict=True) if not ok]
-        winners = self.lookup(lost)
-        out = {key: record for key, record, _ in items}
-        for key in lost:
-            if key in winners:
-                out[key] = winners[key].model_copy(update={"reused": True})
-        return out
-
-
-def malformed_answer(value: bytes | None, reason: str) -> RequestEnvelope | None:
-    """A malformed event whose envelope still validates: that envelope, aborted, so the
-    worker answers its request `tool_loop_aborted` instead of leaving it unanswered."""
-    try:
-        data = json.loads(value or b"")
-        env = RequestEnvelope.model_validate(data["envelope"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    if env.tool_loop is None:
-        return None
-    turn = min(max(2, (env.loop.turn + 1) if env.loop else 2), env.tool_loop.max_turns)
-    loop = LoopState(
-        turn=max(turn, 2),
-        transcript=env.loop.transcript if env.loop else [],
-        lane=env.loop.lane if env.loop else None,
-        abort=ErrorInfo(
-            code=ErrorCode.tool_loop_aborted,
-            message=f"the tool executor got a malformed turn event ({reason[:300]})",
-        ),
-    )
-    return env.model_copy(update={"loop": loop})
-
-
-def abort_reason(exc: Exception) -> str:
-    return (
-        str(exc)
-        if isinstance(exc, ContinuationError)
-        else f"the executor could not build it ({type(exc).__name__})"
-    )
-
-
-def next_envelope(
-    event: ToolTurnEvent, records: list[CallRecord]
-) -> tuple[RequestEnvelope, Exception | None]:
-    """The continuation of `event` once its calls ran (`records`), and None; or, when it
-    cannot be built (ContinuationError, or anything else one event can cause), the aborted
-    envelope that still answers the request, and why. Never raises for one event: a
-    forged 16-turn transcript once stopped every executor here."""
-    try:
-        return continuation(event, records), None
-    except Exception as exc:
-        env = aborted(event, records, abort_reason(exc))
-        if len(encode_request(env)) > MAX_ENVELOPE_BYTES:
-            assert env.loop is not None
-            env = env.model_copy(update={"loop": env.loop.model_copy(update={"transcript": []})})
-        return env, exc
-
-
-def continuation_topic(settings: ConnectionSettings, env: RequestEnvelope) -> str:
-    """Where a loop's next turn goes: the requests topic of the pool serving its model
-    (the route table's interactive `topic`: the turn keeps its first turn's engine
-    priority through `loop.lane`), else the interactive topic. A model the table does not
-    know goes there too, and the worker answers it `unknown_model`: visible, not lost."""
-    if settings.routes is None:
-        return settings.topic
-    try:
-        return settings.routes.route(env.body.model).topic
-    except ContractError:
-        return settings.topic
 
 
 class ToolExecutor:
@@ -204,16 +127,32 @@ class ToolExecutor:
         """Signs every continuation's loop: workers run no other (`schemas.loop_auth`)."""
         self._strike_store = StrikeStore(self._redis, settings.keys.strikes(settings.tools_group))
         self.strikes = self._strike_store.load()
-        self.current: list[Any] = []
+        self.current: list[SourceRecord] = []
         """The records being handled (what a fault is blamed on)."""
-        self._consumer = KafkaConsumer(
-            group_id=settings.tools_group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=settings.tools_max_batch,
-            client_id=f"qbatch-{settings.executor_id}",
-            **kafka,
+        self._consumer = RequestConsumer(
+            ConsumerConfig(
+                topics=[settings.tool_calls_topic],
+                group=settings.tools_group,
+                client_id=f"qbatch-{settings.executor_id}",
+                kafka_bootstrap=settings.kafka_bootstrap,
+                kafka=kafka,
+                session_timeout_ms=settings.tools_session_timeout_ms,
+                max_poll_interval_ms=settings.tools_max_poll_interval_ms,
+                max_poll_records=settings.tools_max_batch,
+            )
         )
+        self._dead = DeadLetters(
+            DeadLetterConfig(
+                topic=settings.dlq_topic,
+                client_id=f"qbatch-dlq-{settings.executor_id}",
+                kafka=kafka,
+            )
+        )
+        self._calls = ThreadPoolExecutor(1, thread_name_prefix="qbatch-tool-calls")
+        """Where a poll's calls run while the main thread keeps polling (`_while_polling`)."""
+        self._done: dict[TopicPartition, int] = {}
+        """Per partition, the next offset to commit: every record before it is handled."""
+        self._committed: dict[TopicPartition, int] = {}
         self._producer = repair_idempotent_reset(
             KafkaProducer(
                 acks="all",
@@ -233,7 +172,7 @@ class ToolExecutor:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> int:
-        self._consumer.subscribe([self.settings.tool_calls_topic])
+        self._consumer.subscribe(self._on_revoked, self._on_assigned, self._stop.is_set)
         self.state.engine_ready = True
         log.info(
             "executor_started",
@@ -249,6 +188,8 @@ class ToolExecutor:
             while not self._stop.is_set():
                 self.state.last_loop = time.monotonic()
                 self.step()
+            self._dead.settle(10)
+            self._commit_done()
         except Exception as exc:
             self.state.fault = f"{type(exc).__name__}: {exc}"
             blamed = self.strikes.add(self.suspects())
@@ -256,11 +197,13 @@ class ToolExecutor:
             self._strike_store.record(blamed)
             return 70
         finally:
-            for closer in (self._consumer.close, self._producer.close, self._redis.close):
+            self._calls.shutdown(wait=False, cancel_futures=True)
+            for closer in (self._consumer.close, self._dead.close, self._producer.close):
                 try:
                     closer()
                 except Exception as exc:
                     log.warning("close_failed", error=str(exc))
+            self._redis.close()
             log.info("executor_stopped", fault=self.state.fault)
         return 0
 
@@ -272,37 +215,109 @@ class ToolExecutor:
         strike is handled alone, so a second fault blames it and nothing else; an event
         with two is not handled again but dead-lettered, its request answered
         `tool_loop_aborted` when its envelope can be read."""
-        polled = self._consumer.poll(timeout_ms=200, max_records=self.settings.tools_max_batch)
+        records = self._consumer.poll(0.2, self.settings.tools_max_batch)
         self.state.assigned = len(self._consumer.assignment())
-        records = [r for batch in polled.values() for r in batch]
         if not records:
+            self._commit_done()  # offsets a dead letter held, now delivered
             return 0
         sources = [SourceRecord.of(r, MAX_ENVELOPE_BYTES) for r in records]
         verdicts = [self.strikes.verdict(source) for source in sources]
-        together = [r for r, v in zip(records, verdicts, strict=True) if v is Verdict.run]
-        alone = [r for r, v in zip(records, verdicts, strict=True) if v is Verdict.isolate]
+        together = [r for r, v in zip(sources, verdicts, strict=True) if v is Verdict.run]
+        alone = [r for r, v in zip(sources, verdicts, strict=True) if v is Verdict.isolate]
         futures: list[Any] = []
         handled = 0
         for group in ([together] if together else []) + [[r] for r in alone]:
             self.current = group
             events, answers = self._decode_all(group)
             failpoints.hit("executor", [event.request_id for event in events])
-            continuations = (*self.handle(events), *answers)
+            continuations = (*self._while_polling(functools.partial(self.handle, events)), *answers)
             futures += [self._send(self.signer.sign(env)) for env in continuations]
             handled += len(events)
         self.current = []
-        for record, verdict in zip(records, verdicts, strict=True):
+        for source, verdict in zip(sources, verdicts, strict=True):
             if verdict is Verdict.quarantine:
-                answer = self._dead_letter(record, QUARANTINED)
+                answer = self._dead_letter(source, QUARANTINED)
                 if answer is not None:
                     futures.append(self._send(self.signer.sign(answer)))
         self._producer.flush(timeout=30)
         for future in futures:
             future.get(timeout=0)  # raises the send's error: nothing is committed then
-        self._consumer.commit()
+        assigned = self._consumer.assignment()
+        for source in sources:
+            tp = TopicPartition(source.topic, source.partition)
+            if tp in assigned:  # a partition revoked meanwhile is its new owner's
+                self._done[tp] = max(self._done.get(tp, 0), source.offset + 1)
+        self._commit_done()
         return handled
 
-    def _decode_all(self, records: list[Any]) -> tuple[list[ToolTurnEvent], list[RequestEnvelope]]:
+    def _while_polling(self, work: Callable[[], T]) -> T:
+        """`work()` on the calls thread while this thread keeps polling, every partition
+        paused: a tool may run for minutes (HTTP tools up to 600 s), past kafka-python's
+        max.poll.interval.ms, and a consumer that stops polling that long leaves the group,
+        its commit fails and its events run again elsewhere."""
+        future: Future[T] = self._calls.submit(work)
+        try:
+            return future.result(timeout=self.settings.tools_busy_poll_s)
+        except FutureTimeout:
+            pass
+        self._consumer.pause()
+        try:
+            while True:
+                stray = self._consumer.poll(0.2, 1)
+                if stray:  # a partition assigned unpaused mid-rebalance: read it again later
+                    first: dict[TopicPartition, int] = {}
+                    for record in stray:
+                        tp = TopicPartition(record.topic, record.partition)
+                        first[tp] = min(first.get(tp, record.offset), record.offset)
+                    for tp, offset in first.items():
+                        self._consumer.seek(tp, offset)
+                    self._consumer.pause()
+                self.state.last_loop = time.monotonic()
+                try:
+                    return future.result(timeout=0)
+                except FutureTimeout:
+                    continue
+        finally:
+            self._consumer.resume()
+
+    def _commit_done(self) -> None:
+        """Commit what is handled, never past a dead letter not yet delivered (its record
+        is read again after a crash, and dead-lettered again)."""
+        holds = self._dead.holds()
+        assigned = self._consumer.assignment()
+        want = {
+            tp: min(offset, holds.get(tp, offset))
+            for tp, offset in self._done.items()
+            if tp in assigned
+        }
+        fresh = {tp: off for tp, off in want.items() if self._committed.get(tp) != off}
+        if not fresh:
+            return
+        try:
+            self._consumer.commit(fresh)
+        except (CommitFailedError, RebalanceInProgressError, IllegalStateError) as exc:
+            # The group moved on (a rebalance): those records are redelivered to their new
+            # owner, which finds each call's record in the ledger and runs nothing again.
+            log.warning("commit_lost_to_rebalance", error=f"{type(exc).__name__}: {exc}")
+            return
+        self._committed.update(fresh)
+
+    def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        done = {tp: off for tp, off in self._done.items() if tp in revoked}
+        done = {tp: off for tp, off in done.items() if self._committed.get(tp) != off}
+        holds = self._dead.holds()
+        self._consumer.commit_nowait({tp: min(off, holds.get(tp, off)) for tp, off in done.items()})
+        self._dead.release(set(revoked))
+        for tp in revoked:
+            self._done.pop(tp, None)
+            self._committed.pop(tp, None)
+
+    def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._consumer.reapply_pause(assigned)
+
+    def _decode_all(
+        self, records: list[SourceRecord]
+    ) -> tuple[list[ToolTurnEvent], list[RequestEnvelope]]:
         events: list[ToolTurnEvent] = []
         answers: list[RequestEnvelope] = []
         now_ms = time.time_ns() // 1_000_000
@@ -323,7 +338,7 @@ class ToolExecutor:
         )
 
     def suspects(self) -> list[Suspect]:
-        return [SourceRecord.of(r, 0).suspect() for r in self.current]
+        return [source.suspect() for source in self.current]
 
     def handle(self, events: list[ToolTurnEvent]) -> list[RequestEnvelope]:
         """The continuations of a poll's turn events (Redis I/O, then the tools)."""
@@ -388,7 +403,7 @@ class ToolExecutor:
         metrics.TOOL_CONTINUATIONS.labels("aborted").inc()
         return env
 
-    def _decode(self, record: Any) -> ToolTurnEvent | RequestEnvelope | None:
+    def _decode(self, record: SourceRecord) -> ToolTurnEvent | RequestEnvelope | None:
         """The event; for a malformed one whose envelope is still readable, an aborted
         continuation (so its request is answered); else None. Bad records are
         dead-lettered either way."""
@@ -399,9 +414,10 @@ class ToolExecutor:
         metrics.TOOL_EVENTS_BAD.inc()
         return self._dead_letter(record, reason)
 
-    def _dead_letter(self, record: Any, reason: str) -> RequestEnvelope | None:
-        """The record to the DLQ with `reason`; the aborted continuation that answers its
-        request when its envelope can be read."""
+    def _dead_letter(self, record: SourceRecord, reason: str) -> RequestEnvelope | None:
+        """The record to the DLQ with `reason` (`worker.dead_letters`: it always fits, and
+        holds only its own partition's commit until delivered); the aborted continuation
+        that answers its request when its envelope can be read."""
         answer = malformed_answer(record.value, reason)
         log.warning(
             "tool_event_bad",
@@ -409,19 +425,10 @@ class ToolExecutor:
             offset=record.offset,
             reason=reason[:500],
         )
-        headers = [
-            (dlq.ERROR_CODE, b"invalid_request"),
-            (dlq.ERROR_MESSAGE, reason[:4000].encode()),
-            (dlq.SOURCE_TOPIC, str(record.topic).encode()),
-            (dlq.SOURCE_PARTITION, str(record.partition).encode()),
-            (dlq.SOURCE_OFFSET, str(record.offset).encode()),
-        ]
-        try:
-            self._producer.send(
-                self.settings.dlq_topic, key=record.key, value=record.value or b"", headers=headers
-            )
-        except KafkaError as exc:
-            log.error("dead_letter_failed", topic=self.settings.dlq_topic, error=str(exc))
+        self._dead.send(
+            record,
+            ContractError(reason, request_id=answer.request_id if answer is not None else None),
+        )
         return answer
 
     def _retry_redis(self, fn: Callable[[], T]) -> T:
@@ -449,11 +456,4 @@ class ToolExecutor:
         self.state.last_loop = time.monotonic()
 
 
-__all__ = [
-    "CallLedger",
-    "ExecutorSettings",
-    "ExecutorState",
-    "ToolExecutor",
-    "malformed_answer",
-    "next_envelope",
-]
+__all__ = ["ExecutorSettings", "ExecutorState", "ToolExecutor"]

@@ -5,10 +5,16 @@ arguments that do not parse or validate, a refused sensitive call, a timeout, an
 exception in the tool and an oversize result each become a `tool` message whose content
 is a JSON error object, so the model can recover (apologise, retry with other arguments).
 
+A tool that raises `ToolError` tells the model its message; any other exception is the
+tool's own fault: the model reads a generic message and the exception goes to the log
+(`tool_exception`), never into the transcript stored with the result.
+
 Calls run concurrently, each in a thread of its own, and the wait for each ends at its
 own start + `timeout_s`. A Python thread cannot be killed: a timed-out synchronous tool
-keeps its thread until it returns (its late result is dropped); a coroutine tool is
-cancelled by `asyncio.wait_for`. The clock is injected for the durations.
+keeps its thread until it returns (its late result is dropped). Coroutine tools all run
+on one event loop (a thread of its own, started at the first), cancelled at their timeout
+by `asyncio.wait_for`: a client or pool an async tool keeps stays on the loop it was made
+on. The clock is injected for the durations.
 """
 
 from __future__ import annotations
@@ -22,14 +28,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from producer.tools.registry import (
+from schemas.tool_loop import CallRecord, ToolErrorKind
+from worker.logs import log
+from worker.tool_loop.registry import (
     InvalidArguments,
     ToolCallContext,
     ToolRegistry,
     parse_arguments,
     result_text,
 )
-from schemas.tool_loop import CallRecord, ToolErrorKind
+from worker.tool_loop.spec import ToolError
 
 Clock = Callable[[], float]
 
@@ -51,6 +59,10 @@ ERROR_MESSAGE_CHARS = 2_000
 """An error's message is cut to this: a validator's message quotes the value it refused
 (160,000 x U+200B once made a record too large for its own schema, and stopped every
 executor)."""
+
+
+INTERNAL_ERROR = "the tool failed with an internal error; the tool executor logged it"
+"""What the model reads for an exception other than `ToolError`."""
 
 
 def error_content(kind: ToolErrorKind, message: str) -> str:
@@ -101,7 +113,8 @@ class _Running:
         try:
             value = fn()
             if inspect.isawaitable(value):
-                value = asyncio.run(_bounded(value, self.timeout_s))
+                coroutine = _bounded(value, self.timeout_s)
+                value = asyncio.run_coroutine_threadsafe(coroutine, _event_loop()).result()
             self.value = value
         except BaseException as exc:  # reported to the model, never raised here
             self.error = exc
@@ -111,6 +124,23 @@ class _Running:
 
 async def _bounded(awaitable: Any, timeout_s: float) -> Any:
     return await asyncio.wait_for(awaitable, timeout_s)
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """The one loop every coroutine tool runs on (started on first use, a daemon thread)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            loop = asyncio.new_event_loop()
+            runner = threading.Thread(target=loop.run_forever, name="qbatch-async-tools")
+            runner.daemon = True
+            runner.start()
+            _LOOP = loop
+        return _LOOP
 
 
 def run_calls(
@@ -164,8 +194,9 @@ def _permission(registry: ToolRegistry, context: ToolCallContext) -> str | None:
     """None when approved, else the reason told to the model."""
     try:
         verdict = registry.permission(context)
-    except Exception as exc:  # a broken hook refuses; it never approves by accident
-        return f"the permission check failed: {type(exc).__name__}: {exc}"
+    except Exception:  # a broken hook refuses; it never approves by accident
+        log.exception("permission_hook_failed", tool=context.name, request_id=context.request_id)
+        return "the permission check failed with an internal error; the tool executor logged it"
     if verdict is True:
         return None
     if isinstance(verdict, str) and verdict:
@@ -182,9 +213,18 @@ def _finished(call: PendingCall, run: _Running, max_bytes: int, clock: Clock) ->
             (clock() - run.started) * 1000,
         )
     ms = ((run.ended or clock()) - run.started) * 1000
+    if isinstance(run.error, ToolError):
+        return _failed(call, ToolErrorKind.exception, str(run.error), ms)
     if run.error is not None:
-        error = run.error
-        return _failed(call, ToolErrorKind.exception, f"{type(error).__name__}: {error}", ms)
+        log.error(
+            "tool_exception",
+            tool=call.name,
+            request_id=call.request_id,
+            turn=call.turn,
+            call_id=call.call_id,
+            exc_info=run.error,
+        )
+        return _failed(call, ToolErrorKind.exception, INTERNAL_ERROR, ms)
     try:
         content = result_text(run.value)
     except Exception as exc:  # a return value JSON cannot hold

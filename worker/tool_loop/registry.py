@@ -2,7 +2,7 @@
 
 A tool is a typed Python function (`@registry.tool`, its JSON Schema derived from the
 signature by pydantic, its description from the docstring) or an HTTP endpoint from a
-config file (`producer.tools.http`). The same registry gives the OpenAI `tools` list a
+config file (`worker.tool_loop.http`). The same registry gives the OpenAI `tools` list a
 request offers the model (`registry.openai_tools()`), so what the model is told and what
 the executor accepts cannot drift apart.
 
@@ -14,95 +14,31 @@ why, so a deployment has to opt in explicitly.
 
 from __future__ import annotations
 
-import abc
 import importlib
 import inspect
 import json
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
-from pydantic_core import to_json
+from griffe import Docstring, DocstringSectionKind, parse_auto
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from schemas import limits
+from schemas.request import FunctionDef
+from worker.tool_loop.http import load_http_tools
+from worker.tool_loop.spec import (
+    DEFAULT_TIMEOUT_S,
+    InvalidArguments,
+    PermissionHook,
+    ToolCallContext,
+    ToolSpec,
+    refuse_sensitive,
+    result_text,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-DEFAULT_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallContext:
-    """What a permission hook (and an HTTP tool's headers) know about one call."""
-
-    request_id: str
-    turn: int
-    call_id: str
-    name: str
-    arguments: Mapping[str, Any]
-    job_id: str | None = None
-    metadata: Mapping[str, Any] | None = None
-
-    @property
-    def idempotency_key(self) -> str:
-        """Stable across redeliveries of the same turn: `{request_id}:{turn}:{call_id}`."""
-        return f"{self.request_id}:{self.turn}:{self.call_id}"
-
-
-PermissionHook = Callable[[ToolCallContext], bool | str]
-"""True approves; False or a string (the reason, told to the model) refuses."""
-
-
-def refuse_sensitive(call: ToolCallContext) -> str:
-    """The default hook: no sensitive call runs until a deployment says which may."""
-    return (
-        f"{call.name!r} is a sensitive tool and this executor has no permission hook that "
-        "approves it; ask the user to do it themselves"
-    )
-
-
-class InvalidArguments(ValueError):
-    """The call's arguments do not match the tool's schema."""
-
-
-class ToolSpec(abc.ABC):
-    """One tool the executor can run."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    timeout_s: float
-    max_result_bytes: int
-    sensitive: bool
-
-    def openai(self) -> dict[str, Any]:
-        """The tool as an OpenAI `tools` entry."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
-
-    @abc.abstractmethod
-    def validate(self, arguments: Mapping[str, Any]) -> Any:
-        """Checked arguments (raise InvalidArguments)."""
-
-    @abc.abstractmethod
-    def invoke(self, validated: Any, call: ToolCallContext) -> Any:
-        """Run the call (in a thread of its own; may be a coroutine function's result)."""
-
-
-def result_text(value: Any) -> str:
-    """A tool's return value as the `tool` message's content: text as is, else JSON."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, BaseModel):
-        return value.model_dump_json()
-    return to_json(value).decode()
 
 
 class FunctionTool(ToolSpec):
@@ -120,21 +56,33 @@ class FunctionTool(ToolSpec):
     ) -> None:
         self.fn = fn
         self.name = name or fn.__name__
-        self.description = description or inspect.getdoc(fn) or ""
         self.timeout_s = timeout_s
         self.max_result_bytes = max_result_bytes
         self.sensitive = sensitive
-        fields: dict[str, Any] = {}
         try:  # string annotations (`from __future__ import annotations`) resolved here
             signature = inspect.signature(fn, eval_str=True)
         except NameError as exc:
             raise TypeError(f"tool {self.name}: an annotation does not resolve: {exc}") from None
-        for param in signature.parameters.values():
+        params = list(signature.parameters.values())
+        self.takes_context = bool(params) and params[0].annotation is ToolCallContext
+        """The first parameter is typed `ToolCallContext`: the call's context is passed
+        there (the idempotency key, the request and job), and the model never sees it."""
+        if self.takes_context:
+            params = params[1:]
+        summary, described = docstring_parts(inspect.getdoc(fn) or "")
+        self.description = description or summary
+        fields: dict[str, Any] = {}
+        for param in params:
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise TypeError(f"tool {self.name}: *args/**kwargs cannot be described")
+            if param.annotation is ToolCallContext:
+                raise TypeError(f"tool {self.name}: only the first parameter may take the context")
             annotation = Any if param.annotation is param.empty else param.annotation
             default = ... if param.default is param.empty else param.default
-            fields[param.name] = (annotation, default)
+            fields[param.name] = (
+                annotation,
+                Field(default, description=described.get(param.name)),
+            )
         self.model: type[BaseModel] = create_model(
             f"{self.name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
         )
@@ -151,7 +99,29 @@ class FunctionTool(ToolSpec):
             raise InvalidArguments(_describe(exc)) from None
 
     def invoke(self, validated: Any, call: ToolCallContext) -> Any:
-        return self.fn(**{name: getattr(validated, name) for name in type(validated).model_fields})
+        arguments = {name: getattr(validated, name) for name in type(validated).model_fields}
+        return self.fn(call, **arguments) if self.takes_context else self.fn(**arguments)
+
+
+def docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
+    """A docstring's text (the tool's description) and its parameters' descriptions, in
+    any style griffe recognises (Google, NumPy, Sphinx)."""
+    if not doc.strip():
+        return "", {}
+    sections = parse_auto(Docstring(doc), default="sphinx", per_style_options=_QUIET)
+    text = "\n\n".join(s.value for s in sections if s.kind is DocstringSectionKind.text)
+    params = {
+        p.name: p.description
+        for s in sections
+        if s.kind is DocstringSectionKind.parameters
+        for p in s.value
+        if p.description
+    }
+    return text.strip(), params
+
+
+_QUIET: Any = {"google": {"warn_missing_types": False}, "numpy": {"warn_missing_types": False}}
+logging.getLogger("griffe").setLevel(logging.ERROR)  # a docstring's style nits are not ours
 
 
 def _describe(exc: ValidationError) -> str:
@@ -214,8 +184,6 @@ class ToolRegistry:
     def add(self, spec: ToolSpec) -> None:
         if spec.name in self._tools:
             raise ValueError(f"tool {spec.name!r} is registered twice")
-        from schemas.request import FunctionDef
-
         FunctionDef(name=spec.name, description=spec.description, parameters=spec.parameters)
         if spec.timeout_s <= 0 or spec.max_result_bytes < 1:
             raise ValueError(f"tool {spec.name!r}: timeout_s and max_result_bytes must be > 0")
@@ -237,9 +205,7 @@ class ToolRegistry:
         return [self._tools[n].openai() for n in chosen]
 
     def load_config(self, path: str) -> ToolRegistry:
-        """Add the HTTP tools of a YAML or JSON config file (see `producer.tools.http`)."""
-        from producer.tools.http import load_http_tools
-
+        """Add the HTTP tools of a YAML or JSON config file (see `worker.tool_loop.http`)."""
         for spec in load_http_tools(path):
             self.add(spec)
         return self

@@ -20,12 +20,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from producer.tools.runner import PendingCall
 from schemas import ChatCompletionBody, ContractError, ErrorCode, ErrorInfo, RequestEnvelope
 from schemas.decode import encode_request
 from schemas.limits import MAX_ENVELOPE_BYTES, MAX_TOOL_TURNS, MAX_TOOLS
 from schemas.tool_events import ToolTurnEvent
 from schemas.tool_loop import CallRecord, LoopState, TurnRecord
+from worker.tool_loop.runner import PendingCall
 
 ABORT_CONTENT_CHARS = 2_000
 """An aborted continuation keeps at most this much of each call's content in its transcript."""
