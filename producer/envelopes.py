@@ -11,13 +11,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas import (
-    CHAT_ENDPOINT,
-    COMPLETIONS_ENDPOINT,
-    ContractError,
-    RequestEnvelope,
-    validate_envelope,
-)
+from schemas import ContractError, RequestEnvelope, validate_envelope
+from schemas.endpoints import path_for
 from schemas.request import OPTION_NAMES
 
 
@@ -27,8 +22,9 @@ def new_request_id() -> str:
 
 
 def endpoint_for(body: Mapping[str, Any]) -> str:
-    """`/v1/completions` for a body with `prompt` and no `messages`, else chat."""
-    return COMPLETIONS_ENDPOINT if "prompt" in body and "messages" not in body else CHAT_ENDPOINT
+    """The endpoint a bare body names (`schemas.endpoints.path_for`: `/v1/completions` for
+    a body with `prompt` and no `messages`, else chat)."""
+    return path_for(body)
 
 
 def now_utc() -> datetime:

@@ -15,7 +15,6 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
-    Tag,
     field_validator,
     model_validator,
 )
@@ -408,17 +407,3 @@ class CompletionBody(SamplingFields):
     def prompt_value(self) -> str | list[int]:
         """The one prompt (the validator unwrapped one-item lists)."""
         return self.prompt  # type: ignore[return-value]
-
-
-def _body_kind(value: Any) -> str:
-    if isinstance(value, dict):
-        return "completion" if "prompt" in value and "messages" not in value else "chat"
-    if isinstance(value, CompletionBody):
-        return "completion"
-    return "chat"
-
-
-Body = Annotated[
-    Annotated[ChatCompletionBody, Tag("chat")] | Annotated[CompletionBody, Tag("completion")],
-    Discriminator(_body_kind),
-]

@@ -57,8 +57,8 @@ def loc_to_param(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
             after_tag = False
-        elif "[" in part or part.startswith("constrained-"):
-            continue
+        elif "[" in part or part.startswith(("constrained-", "/")):
+            continue  # "/v1/...": the body union's tag, an endpoint path (schemas.endpoints)
         elif part in _UNION_TAGS and not after_tag:
             after_tag = True
         else:
@@ -79,8 +79,6 @@ _UNION_TAGS = frozenset(
         "text",
         "json_object",
         "json_schema",
-        "chat",
-        "completion",
         "int",
         "ChatCompletionBody",
         "CompletionBody",

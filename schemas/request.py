@@ -10,12 +10,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import to_json
 
 from schemas import limits
 from schemas.bodies import (
-    Body,
     ChatCompletionBody,
     CompletionBody,
     JsonObjectFormat,
@@ -28,6 +34,7 @@ from schemas.bodies import (
 )
 from schemas.common import JsonObject, StrictModel, Text, field_error
 from schemas.context import ContextPolicy, ContextStrategy
+from schemas.endpoints import BY_PATH, CHAT, COMPLETIONS, PATHS, Body, spec_of
 from schemas.messages import (
     AssistantMessage,
     Content,
@@ -103,9 +110,20 @@ def _not_reserved(job_id: str) -> str:
 
 
 JobId = Annotated[RequestId, AfterValidator(_not_reserved)]
-Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
-CHAT_ENDPOINT: Endpoint = "/v1/chat/completions"
-COMPLETIONS_ENDPOINT: Endpoint = "/v1/completions"
+
+
+def _known_endpoint(path: str) -> str:
+    if path not in BY_PATH:
+        raise ValueError(f"unknown endpoint {path!r}; qbatch serves {', '.join(PATHS)}")
+    return path
+
+
+Endpoint = Annotated[
+    str, AfterValidator(_known_endpoint), WithJsonSchema({"type": "string", "enum": list(PATHS)})
+]
+"""One of `schemas.endpoints.PATHS` (the endpoint table)."""
+CHAT_ENDPOINT = CHAT.path
+COMPLETIONS_ENDPOINT = COMPLETIONS.path
 # ---------------------------------------------------------------- envelope
 
 
@@ -170,13 +188,15 @@ class RequestEnvelope(RequestOptions):
 
     @model_validator(mode="after")
     def _body_matches_endpoint(self) -> RequestEnvelope:
-        if self.endpoint == COMPLETIONS_ENDPOINT and not isinstance(self.body, CompletionBody):
-            raise ValueError("body: /v1/completions takes `prompt`, not `messages`")
-        if self.endpoint == CHAT_ENDPOINT and not isinstance(self.body, ChatCompletionBody):
-            raise ValueError("body: /v1/chat/completions takes `messages`, not `prompt`")
+        expected = BY_PATH[self.endpoint]
+        if not isinstance(self.body, expected.body):
+            raise ValueError(
+                f"body: {self.endpoint} takes `{expected.input_field}`, not "
+                f"`{spec_of(self.body).input_field}`"
+            )
         if self.loop is not None and self.tool_loop is None:
             raise ValueError("loop: a continuation needs `tool_loop`")
-        if self.tool_loop is not None and not self.is_chat:
+        if self.tool_loop is not None and not BY_PATH[self.endpoint].tools:
             raise ValueError("tool_loop: only /v1/chat/completions requests can call tools")
         if self.tool_loop is not None and self.body.choices() > 1:
             raise field_error("tool_loop", "a loop follows one conversation; body.n must be 1")

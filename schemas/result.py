@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.context import ContextReport
 from schemas.errors import ErrorCode, ErrorInfo
+from schemas.messages import ToolCall
 from schemas.ref import RequestRef
-from schemas.request import RequestEnvelope, ToolCall
 from schemas.tool_loop import ToolLoopReport
 from schemas.usage import Usage
+
+if TYPE_CHECKING:
+    from schemas.request import RequestEnvelope
 
 
 class ResultModel(BaseModel):

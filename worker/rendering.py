@@ -39,6 +39,7 @@ from schemas.context import (
     ContextStrategy,
     Truncation,
 )
+from schemas.endpoints import BY_PATH, Task
 from schemas.errors import ContractError, ErrorCode
 from schemas.request import (
     ChatCompletionBody,
@@ -166,11 +167,13 @@ class PromptRenderer:
         generation_defaults: Mapping[str, Any] | None = None,
         modalities: Iterable[str] = ("text",),
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        tasks: Iterable[Task] = (Task.generate,),
     ) -> None:
         """`modalities`: what the served model reads; media parts of another kind are
         refused before rendering (a multimodal engine passes e.g. ("text", "image")).
         `max_result_bytes`: a request whose result could be larger is refused
-        (`result_too_large`, `schemas.result_size`)."""
+        (`result_too_large`, `schemas.result_size`). `tasks`: what the engine runs
+        (`Engine.supported_tasks`); an endpoint that needs another is refused."""
         if max_model_len < 1:
             raise ValueError("max_model_len must be positive")
         self.tokenizer = tokenizer
@@ -189,11 +192,19 @@ class PromptRenderer:
         self._think_end_id = _token_id(tokenizer, "</think>") if self._template_thinks else None
         self.modalities = frozenset(modalities)
         self.max_result_bytes = max_result_bytes
+        self.tasks = frozenset(tasks)
 
     # ------------------------------------------------------------------ public
 
     def render(self, envelope: RequestEnvelope) -> RenderedPrompt:
         body = envelope.body
+        task = BY_PATH[envelope.endpoint].task
+        if task not in self.tasks:
+            runs = ", ".join(sorted(self.tasks)) or "nothing"
+            raise ContractError(
+                f"{envelope.endpoint} needs an engine that runs {task}; this pool's runs {runs}",
+                param="endpoint",
+            )
         if body.model is not None and body.model not in self.served_names:
             served = ", ".join(sorted(self.served_names)) or "(none)"
             raise ContractError(

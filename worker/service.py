@@ -168,6 +168,7 @@ class Worker:
             default_max_tokens=self.settings.default_max_tokens,
             generation_defaults=self.engine.generation_defaults,
             max_result_bytes=limit,
+            tasks=self.engine.supported_tasks,
         )
         self.state.engine_ready = True
         guard = self.supervisor.guard

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -52,7 +52,7 @@ from producer.serve.sync import SyncSlots, request_timeout, run_sync
 from producer.serve.upkeep import Upkeep
 from producer.serve.upload import FormReceiver, check_jsonl
 from producer.usage import UsageStore
-from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
+from schemas.endpoints import ENDPOINTS
 from schemas.errors import loc_to_param
 from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
 
@@ -413,13 +413,15 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         )
         return Response(payload, status_code=status, media_type="application/json")
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request, tenant: Tenant) -> Response:
-        return await sync(request, tenant, CHAT_ENDPOINT)
+    def sync_route(path: str) -> Callable[..., Awaitable[Response]]:
+        async def handle(request: Request, tenant: Tenant) -> Response:
+            return await sync(request, tenant, path)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request, tenant: Tenant) -> Response:
-        return await sync(request, tenant, COMPLETIONS_ENDPOINT)
+        handle.__name__ = "sync_" + path.strip("/").replace("/", "_")
+        return handle
+
+    for spec in ENDPOINTS:  # one synchronous route per endpoint of the table
+        app.post(spec.path, name=spec.path)(sync_route(spec.path))
 
     def model_object(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": cfg.started, "owned_by": "qbatch"}

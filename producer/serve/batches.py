@@ -31,9 +31,11 @@ import redis
 from producer.bulk import Defaults, InputFormat, Line, Scan, scan_lines
 from producer.job_view import JobView
 from producer.serve.errors import openai_code
-from schemas import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, RedisKeys
+from schemas import RedisKeys
+from schemas.endpoints import PATHS
 
-ENDPOINTS = (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT)
+ENDPOINTS = PATHS
+"""A batch's `endpoint` (and its lines' `url`): the endpoint table's paths."""
 MAX_ERRORS = 1_000
 MAX_ERRORS_BYTES = 64 * 1024
 MAX_MESSAGE_CHARS = 500

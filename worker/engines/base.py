@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Literal
 
+from schemas.endpoints import Task
+
 if TYPE_CHECKING:
     from worker.config import WorkerSettings
 
@@ -173,6 +175,9 @@ class Engine(abc.ABC):
 
     name: str = "engine"
     mode: str = "continuous"
+    supported_tasks: frozenset[Task] = frozenset({Task.generate})
+    """What it runs (vLLM's `supported_tasks`): a request whose endpoint needs another task
+    (`schemas.endpoints`) is answered `invalid_request` naming `endpoint`, never submitted."""
 
     _served_name: str = "engine"
     _max_model_len: int = 0
