@@ -19,8 +19,8 @@ from kafka.structs import TopicPartition
 from schemas import RequestEnvelope, ResultEnvelope, WorkerInfo
 from schemas.tool_events import ToolTurnEvent
 from worker.batching import Batch
+from worker.endpoints.base import RenderedPrompt
 from worker.engines.base import EngineOutput
-from worker.rendering import RenderedPrompt
 
 
 @dataclass(slots=True)

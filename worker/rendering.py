@@ -1,10 +1,14 @@
 """Prompt rendering shared by every engine: request envelope -> prompt text, token ids, sampling.
 
+What differs per endpoint (how a body becomes a prompt, how a context policy cuts it, its
+own checks) is its handler's (`worker.endpoints`); the renderer holds what every endpoint
+shares and dispatches by the envelope's `endpoint`, with no branch per endpoint.
+
 Rendering happens in the service, before any GPU work, so that a request that cannot run
 (unknown model, prompt plus output over the context) is rejected with a `ContractError` naming
 the field at fault instead of failing inside the engine.
 
-Chat requests are rendered with the model's own chat template
+Chat requests (`worker.endpoints.chat`) are rendered with the model's own chat template
 (`tokenizer.apply_chat_template`), exactly as vLLM's OpenAI server would:
 
 * `system` and `developer` messages become `system`; content parts are flattened to text.
@@ -29,33 +33,19 @@ any per-call heavy work.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from dataclasses import replace
+from typing import Any
 
-from schemas.context import (
-    TRUNCATION_MARKER,
-    ContextPolicy,
-    ContextReport,
-    ContextStrategy,
-    Truncation,
-)
+from schemas.context import ContextPolicy, ContextReport, ContextStrategy
 from schemas.endpoints import BY_PATH, Task
 from schemas.errors import ContractError, ErrorCode
-from schemas.request import (
-    ChatCompletionBody,
-    CompletionBody,
-    Message,
-    RequestEnvelope,
-    Tool,
-    content_text,
-    media_parts,
-)
+from schemas.request import RequestEnvelope
 from schemas.result_size import DEFAULT_MAX_RESULT_BYTES, ResultSize
 from worker import context_window as cw
-from worker.engines.base import EngineRequest, SamplingSpec
+from worker.endpoints import EndpointHandler, Prompt, RenderedPrompt, handler_for
 from worker.sampling import GENERATION_DEFAULT_KEYS, load_generation_defaults, sampling_from_body
-from worker.template_messages import echo_text, messages_to_template
-from worker.tool_loop.forced_calls import ForcedCall, forced_call, forced_schema
+from worker.template_messages import messages_to_template
+from worker.tool_loop.forced_calls import forced_schema
 
 __all__ = [
     "DEFAULT_OUTPUT_RESERVE",
@@ -67,39 +57,9 @@ __all__ = [
     "sampling_from_body",
 ]
 
-# Keyword names apply_chat_template owns; a request may not override them.
-_RESERVED_TEMPLATE_KWARGS = frozenset(
-    {
-        "conversation",
-        "messages",
-        "tools",
-        "documents",
-        "chat_template",
-        "add_generation_prompt",
-        "continue_final_message",
-        "tokenize",
-        "padding",
-        "truncation",
-        "max_length",
-        "return_tensors",
-        "return_dict",
-        "return_assistant_tokens_mask",
-        "tokenizer_kwargs",
-    }
-)
-
-
 DEFAULT_OUTPUT_RESERVE = 1_024
 """Output tokens a context policy leaves room for when neither the request (max_tokens) nor
 the worker (default_max_tokens) sets a budget."""
-
-
-class _Prompt(NamedTuple):
-    text: str
-    token_ids: list[int] | None
-    n_prompt: int
-    reasoning: bool
-    tools: list[Tool] | None
 
 
 class _TokenizerCodec:
@@ -113,45 +73,6 @@ class _TokenizerCodec:
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
-
-
-@dataclass(frozen=True, slots=True)
-class RenderedPrompt:
-    """A request ready for an engine."""
-
-    text: str
-    token_ids: list[int] | None
-    """Prompt token ids, or None when there is no tokenizer (echo)."""
-    sampling: SamplingSpec
-    reasoning_enabled: bool
-    """The prompt leaves the model free to open `<think>` (Qwen3 chat, thinking not disabled)."""
-    tools: list[Tool] | None
-    """The tools rendered into the prompt (None when none were, e.g. `tool_choice: "none"`)."""
-    prompt_tokens: int
-    """Length of the prompt in tokens (whitespace-split words without a tokenizer)."""
-    forced: ForcedCall | None = None
-    """A forced tool choice: the output is JSON (see `worker.tool_loop.forced_calls`)."""
-    think_end_id: int | None = None
-    """The `</think>` token id when reasoning is enabled (counts reasoning tokens)."""
-    cache_salt: str | None = None
-    context: ContextReport | None = None
-    """What the request's context policy did (None: it set none)."""
-    conversation: ChatCompletionBody | None = None
-    """Without a tokenizer (echo), the chat body (`text` is only the echoed part), for the
-    echo engine's simulated prefix cache; a reference, so it costs nothing unused."""
-    result_bytes: int = 0
-    """How large its result can get (`schemas.result_size`), within max_result_bytes."""
-
-    def engine_request(self, key: str, priority: int = 0) -> EngineRequest:
-        return EngineRequest(
-            key=key,
-            prompt=self.text,
-            prompt_token_ids=self.token_ids,
-            sampling=self.sampling,
-            priority=priority,
-            cache_salt=self.cache_salt,
-            conversation=self.conversation,
-        )
 
 
 class PromptRenderer:
@@ -187,9 +108,9 @@ class PromptRenderer:
         }
         template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
         # Thinking is only "enabled" for templates that know about <think> (Qwen3 and kin).
-        self._template_thinks = isinstance(template, str) and "<think>" in template
+        self.template_thinks = isinstance(template, str) and "<think>" in template
         self._vocab_size = len(tokenizer) if tokenizer is not None else None
-        self._think_end_id = _token_id(tokenizer, "</think>") if self._template_thinks else None
+        self._think_end_id = _token_id(tokenizer, "</think>") if self.template_thinks else None
         self.modalities = frozenset(modalities)
         self.max_result_bytes = max_result_bytes
         self.tasks = frozenset(tasks)
@@ -212,31 +133,23 @@ class PromptRenderer:
                 param="body.model",
                 code=ErrorCode.unknown_model,
             )
-        self._check_token_ids(body)
-        if isinstance(body, ChatCompletionBody):
-            self._check_media(body)
-            prompt_param = "body.messages"
-            explicit = body.max_completion_tokens or body.max_tokens
-            max_param = (
-                "body.max_completion_tokens" if body.max_completion_tokens else "body.max_tokens"
-            )
-        else:
-            prompt_param = "body.prompt"
-            explicit = body.max_tokens
-            max_param = "body.max_tokens"
-        prompt = self._render_body(body)
+        handler = handler_for(envelope.endpoint)
+        self._check_token_ids(handler, body)
+        handler.check(self, body)
+        explicit, max_param = handler.output_budget(body)
+        prompt = handler.render(self, body)
         report = None
         if envelope.context is not None:
-            body, prompt, report = self._fit(envelope.context, body, prompt, explicit)
+            body, prompt, report = self._fit(handler, envelope.context, body, prompt, explicit)
         text, token_ids, n_prompt, reasoning, tools = prompt
-        max_tokens = self._max_tokens(n_prompt, explicit, prompt_param, max_param)
+        max_tokens = self._max_tokens(n_prompt, explicit, handler.prompt_param, max_param)
         size = ResultSize(body.choices(), max_tokens, body.top_logprobs_k())
         if explicit is None:  # only the context's room: clamped to the result bound
             size = size.fitting(self.max_result_bytes)
             max_tokens = size.max_tokens
         result_bytes = size.check(self.max_result_bytes, max_param=max_param)
         sampling = sampling_from_body(body, max_tokens, self.generation_defaults)
-        forced = forced_call(body) if isinstance(body, ChatCompletionBody) else None
+        forced = handler.forced(body)
         if forced is not None and tools:
             for name in ("response_format", "structured_outputs"):
                 if getattr(body, name) is not None:
@@ -259,19 +172,11 @@ class PromptRenderer:
             think_end_id=self._think_end_id if reasoning else None,
             cache_salt=body.cache_salt,
             context=report,
-            conversation=(
-                body if self.tokenizer is None and isinstance(body, ChatCompletionBody) else None
-            ),
+            conversation=handler.conversation(self, body),
             result_bytes=result_bytes,
         )
 
     # ------------------------------------------------------------------ internals
-
-    def _render_body(self, body: ChatCompletionBody | CompletionBody) -> _Prompt:
-        if isinstance(body, ChatCompletionBody):
-            return self._render_chat(body)
-        text, token_ids, n_prompt = self._render_completion(body)
-        return _Prompt(text, token_ids, n_prompt, False, None)
 
     def _window(self, policy: ContextPolicy, explicit: int | None) -> int:
         """Prompt tokens a policy may keep: the context minus the output budget, and no
@@ -286,13 +191,6 @@ class PromptRenderer:
             window = min(window, policy.max_prompt_tokens)
         return window
 
-    def _measure(self, body: ChatCompletionBody | CompletionBody, prompt: _Prompt) -> int:
-        """A prompt's tokens as the policy counts them: the rendered prompt's, or without a
-        tokenizer (echo) the words of the whole conversation, not just the echoed part."""
-        if self.tokenizer is None and isinstance(body, ChatCompletionBody):
-            return sum(len(content_text(m.content).split()) for m in body.messages)
-        return prompt.n_prompt
-
     def _codec(self) -> cw.Codec:
         if self.tokenizer is None:
             return cw.WordCodec()
@@ -300,14 +198,15 @@ class PromptRenderer:
 
     def _fit(
         self,
+        handler: EndpointHandler,
         policy: ContextPolicy,
-        body: ChatCompletionBody | CompletionBody,
-        prompt: _Prompt,
+        body: Any,
+        prompt: Prompt,
         explicit: int | None,
-    ) -> tuple[ChatCompletionBody | CompletionBody, _Prompt, ContextReport]:
+    ) -> tuple[Any, Prompt, ContextReport]:
         """Apply the request's context policy (see `worker.context_window`)."""
         strategy = policy.strategy
-        before = self._measure(body, prompt)
+        before = handler.measure(self, body, prompt)
         window = self._window(policy, explicit)
         report = ContextReport(
             strategy=strategy,
@@ -317,40 +216,25 @@ class PromptRenderer:
         )
         if before <= window or window < 1:  # fits, or max_tokens alone is over the context
             return body, prompt, report
-        chat = isinstance(body, ChatCompletionBody)
-        param = "body.messages" if chat else "body.prompt"
         if strategy is ContextStrategy.error:
             if policy.max_prompt_tokens is None:  # today's rule, checked by _max_tokens
                 return body, prompt, report
             raise ContractError(
                 f"the prompt is {before} tokens, over context.max_prompt_tokens "
                 f"({policy.max_prompt_tokens}); set context.strategy to cut it",
-                param=param,
+                param=handler.prompt_param,
                 code=ErrorCode.context_length_exceeded,
             )
-        codec = self._codec()
-        dropped: list[int] = []
-        truncated: list[Truncation] = []
-        if isinstance(body, ChatCompletionBody):
-            chat_body = body
-
-            def measure(messages: Sequence[Message]) -> int:
-                trial = chat_body.model_copy(update={"messages": list(messages)})
-                return self._measure(trial, self._render_body(trial))
-
-            fitted = cw.fit_messages(strategy, body.messages, window, measure, codec)
-            body = body.model_copy(update={"messages": fitted.messages})
-            dropped, truncated = fitted.dropped, fitted.truncated
-        else:
-            body, removed = self._fit_prompt(body, strategy, before - window, window, codec)
-            truncated = [Truncation(message=None, tokens_removed=removed)]
-        prompt = self._render_body(body)
+        fitted, dropped, truncated = handler.fit(
+            self, body, strategy, before, window, self._codec()
+        )
+        prompt = handler.render(self, fitted)
         return (
-            body,
+            fitted,
             prompt,
             report.model_copy(
                 update={
-                    "prompt_tokens_after": self._measure(body, prompt),
+                    "prompt_tokens_after": handler.measure(self, fitted, prompt),
                     "messages_dropped": len(dropped),
                     "dropped": dropped,
                     "truncated": truncated,
@@ -358,53 +242,15 @@ class PromptRenderer:
             ),
         )
 
-    def _fit_prompt(
-        self,
-        body: CompletionBody,
-        strategy: ContextStrategy,
-        over: int,
-        window: int,
-        codec: cw.Codec,
-    ) -> tuple[CompletionBody, int]:
-        value = body.prompt_value()
-        if isinstance(value, str):
-
-            def measure(text: str) -> int:
-                return self._render_completion(body.model_copy(update={"prompt": text}))[2]
-
-            text, removed = cw.fit_text(
-                strategy, value, over, codec, measure, window, "body.prompt"
-            )
-            return body.model_copy(update={"prompt": text}), removed
-        marker = codec.encode(TRUNCATION_MARKER.format(tokens=len(value)))
-        ids, removed = cw.fit_ids(strategy, value, window, marker)
-        return body.model_copy(update={"prompt": ids}), removed
-
-    def _check_media(self, body: ChatCompletionBody) -> None:
-        for i, message in enumerate(body.messages):
-            content = getattr(message, "content", None)
-            if content is None or type(content) is str:
-                continue  # the common case: no parts to look at
-            for j, part in media_parts(content):
-                kind = _MEDIA_MODALITY[part.type]
-                if kind not in self.modalities:
-                    names = ", ".join(sorted(self.served_names)) or "the served model"
-                    raise ContractError(
-                        f"{part.type} parts need a model that reads {kind}; {names} is "
-                        f"{'-'.join(sorted(self.modalities))}-only",
-                        param=f"body.messages[{i}].content[{j}]",
-                    )
-
-    def _check_token_ids(self, body: ChatCompletionBody | CompletionBody) -> None:
+    def _check_token_ids(self, handler: EndpointHandler, body: Any) -> None:
         """Token ids a request names must be in the vocabulary (vLLM refuses them too)."""
         if self._vocab_size is None:
             return
-        prompt = body.prompt_value() if isinstance(body, CompletionBody) else None
         named = {
             "logit_bias": [int(k) for k in body.logit_bias or ()],
             "allowed_token_ids": body.allowed_token_ids or (),
             "stop_token_ids": body.stop_token_ids or (),
-            "prompt": prompt if isinstance(prompt, list) else (),
+            "prompt": handler.prompt_token_ids(body),
         }
         for name, ids in named.items():
             bad = next((i for i in ids if i >= self._vocab_size), None)
@@ -440,63 +286,6 @@ class PromptRenderer:
             # A server default never rejects a request: it is clamped to what fits (vLLM).
             return max(1, min(self.default_max_tokens, room))
         return room
-
-    def _render_chat(self, body: ChatCompletionBody) -> _Prompt:
-        kwargs = dict(body.chat_template_kwargs or {})
-        tools = body.tools if body.tools and body.tool_choice != "none" else None
-        said = body.thinking()
-        thinking = said is not False
-        if said is not None and self._template_thinks:
-            kwargs["enable_thinking"] = said  # reasoning_effort, mapped (openai_fields)
-        if self.tokenizer is None:
-            # No template (echo engine): the "model" may think unless the request said not to,
-            # so `<think>` blocks a test sends come back as reasoning_content.
-            text = echo_text(body)
-            return _Prompt(text, None, len(text.split()), thinking, tools)
-        reserved = _RESERVED_TEMPLATE_KWARGS.intersection(kwargs)
-        if reserved:
-            raise ContractError(
-                f"may not set {', '.join(sorted(reserved))}",
-                param="body.chat_template_kwargs",
-            )
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages_to_template(body.messages),
-                tools=[tool.model_dump(exclude_none=True) for tool in tools] if tools else None,
-                documents=body.documents,
-                add_generation_prompt=body.add_generation_prompt is not False,
-                continue_final_message=bool(body.continue_final_message),
-                tokenize=False,
-                **kwargs,
-            )
-        except ContractError:
-            raise
-        except Exception as exc:  # jinja TemplateError, raise_exception(...) in the template
-            raise ContractError(
-                f"the chat template rejected the conversation: {exc}", param="body.messages"
-            ) from None
-        if not isinstance(text, str):  # pragma: no cover - tokenize=False always gives str
-            raise TypeError("apply_chat_template(tokenize=False) did not return text")
-        special = bool(body.add_special_tokens)
-        token_ids = list(self.tokenizer.encode(text, add_special_tokens=special))
-        return _Prompt(text, token_ids, len(token_ids), thinking and self._template_thinks, tools)
-
-    def _render_completion(self, body: CompletionBody) -> tuple[str, list[int] | None, int]:
-        prompt = body.prompt_value()
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                return prompt, None, len(prompt.split())
-            # vLLM's completions default: special tokens on (Qwen3 has no BOS: no change).
-            special = body.add_special_tokens is not False
-            ids = list(self.tokenizer(prompt, add_special_tokens=special)["input_ids"])
-            return prompt, ids, len(ids)
-        ids = list(prompt)
-        if self.tokenizer is None:
-            return " ".join(map(str, ids)), ids, len(ids)
-        return self.tokenizer.decode(ids, skip_special_tokens=False), ids, len(ids)
-
-
-_MEDIA_MODALITY = {"image_url": "image", "input_audio": "audio", "file": "file"}
 
 
 def _token_id(tokenizer: Any, token: str) -> int | None:

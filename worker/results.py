@@ -17,7 +17,7 @@ from schemas import (
     WorkerInfo,
 )
 from schemas.ref import RequestRef
-from worker.outputs import build_response
+from worker.endpoints import build_response
 from worker.records import Finished
 from worker.tool_loop.routing import turn_of
 from worker.toolcalls import turn_call_ids

@@ -17,6 +17,7 @@ from schemas import RequestEnvelope, ResultEnvelope
 from schemas.endpoints import BY_PATH, ENDPOINTS, PATHS, Body, Task, path_for, spec_of
 from schemas.errors import ContractError
 from tests.serve_fixtures import offline_app
+from worker.endpoints import HANDLERS
 from worker.engines.base import Engine
 from worker.rendering import PromptRenderer
 
@@ -80,3 +81,16 @@ def test_an_endpoint_whose_task_the_engine_lacks_is_refused_naming_the_field() -
     assert caught.value.param == "endpoint" and "generate" in caught.value.message
     assert Engine.supported_tasks == frozenset({Task.generate})
     assert {BY_PATH[p].task for p in PATHS} <= Engine.supported_tasks
+
+
+def test_every_endpoint_has_one_worker_handler_and_the_renderer_has_no_branch() -> None:
+    assert tuple(HANDLERS) == PATHS
+    assert all(HANDLERS[spec.path].spec is spec for spec in ENDPOINTS)
+    import inspect
+
+    from worker import outputs, rendering
+
+    for module in (rendering, outputs):
+        source = inspect.getsource(module)
+        for spec in ENDPOINTS:
+            assert spec.body.__name__ not in source, (module.__name__, spec.body.__name__)

@@ -13,9 +13,10 @@ import pytest
 from schemas import ContractError, validate_envelope
 from schemas.request import RequestEnvelope
 from schemas.result import ChatCompletion, Completion
+from worker.endpoints import build_response
 from worker.engines.base import EngineOutput, EngineSample, SamplingSpec, TokenLogprob
 from worker.engines.echo import echo_output
-from worker.outputs import MIN_LOGPROB, build_response
+from worker.outputs import MIN_LOGPROB
 from worker.rendering import PromptRenderer
 
 TOOL = {

@@ -9,8 +9,8 @@ import pytest
 
 from schemas.request import RequestEnvelope
 from schemas.result import ChatCompletion, Completion
+from worker.endpoints import build_response
 from worker.engines.base import EngineFinish, EngineOutput
-from worker.outputs import build_response
 from worker.rendering import PromptRenderer
 from worker.toolcalls import seeded_id_factory
 

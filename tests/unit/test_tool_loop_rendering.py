@@ -13,8 +13,8 @@ from schemas.result import AssistantOutput
 from schemas.tool_events import ToolTurnEvent
 from schemas.tool_loop import CallRecord
 from schemas.usage import Usage
+from worker.endpoints import build_response
 from worker.engines.base import EngineOutput
-from worker.outputs import build_response
 from worker.records import Finished, Inbound, Running
 from worker.rendering import PromptRenderer
 from worker.results import finished_result

@@ -217,7 +217,7 @@ def test_a_tool_loop_continuation_runs_through_the_real_template(engine: Any) ->
     from schemas.tool_events import ToolTurnEvent
     from schemas.tool_loop import CallRecord
     from schemas.usage import Usage
-    from worker.outputs import build_response
+    from worker.endpoints import build_response
     from worker.tool_loop.continuation import continuation
     from worker.tool_loop.routing import route
 
