@@ -16,7 +16,10 @@ import time
 import redis
 
 from producer.tools import ToolCallContext, ToolRegistry
+from schemas.keys import RedisKeys
 from schemas.redis_conn import connect
+from worker.tool_loop.continuation import fingerprint
+from worker.tool_loop.runner import PendingCall
 
 
 def _approve_small(call: ToolCallContext) -> bool | str:
@@ -47,14 +50,22 @@ def _count(key: str) -> None:
     _client().incr(f"{os.environ.get('QBATCH_PREFIX', 'qbatch')}:ran:{key}")
 
 
+def ledger_key(call: ToolCallContext, prefix: str) -> str:
+    """The executor's ledger key of this call (`worker.tool_loop.ledger.CallLedger.key`),
+    rebuilt from the hook's context: the worker writes a call's arguments as
+    `json.dumps(arguments, ensure_ascii=False)` (tests/unit/test_tool_loop_logic.py holds
+    the two equal). One GET per call: a SCAN of the keyspace per call, on CI's Redis full of
+    other tests' keys, once slowed the executor to a crawl."""
+    arguments = json.dumps(dict(call.arguments), ensure_ascii=False)
+    pending = PendingCall(call.request_id, call.turn, call.call_id, call.name, arguments)
+    return RedisKeys(prefix).tool_call(call.request_id, call.turn, fingerprint(pending))
+
+
 def _count_if_recorded(call: ToolCallContext) -> None:
     prefix = os.environ.get("QBATCH_PREFIX", "qbatch")
     client = _client()
-    pattern = f"{prefix}:toolcall:{call.request_id}:{call.turn}:*"
-    for key in client.scan_iter(match=pattern, count=10_000):
-        value = client.get(key)
-        if value is not None and json.loads(value)["id"] == call.call_id:
-            client.incr(f"{prefix}:ran_recorded")
+    if client.get(ledger_key(call, prefix)) is not None:
+        client.incr(f"{prefix}:ran_recorded")
 
 
 def _chaos() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from schemas import ChatCompletion, ErrorCode, ErrorInfo, RequestEnvelope, ResultEnvelope, Status
+from schemas.keys import RedisKeys
 from schemas.result import AssistantOutput, ChatChoice
 from schemas.tool_events import ToolTurnEvent
 from schemas.tool_loop import CallRecord
@@ -259,3 +260,34 @@ def test_a_loop_is_run_only_with_the_executors_signature() -> None:
         update={"loop": wire.loop.model_copy(update={"lane": "interactive"})}  # type: ignore[union-attr]
     )
     assert not signer.valid(bumped)
+
+
+def test_the_chaos_tests_ledger_key_is_the_executors() -> None:
+    """tests/tool_fixtures.py rebuilds a call's ledger key from the permission hook's
+    context; if it drifted from the executor's, the kill -9 test's count of recorded calls
+    run again could never be above 0."""
+    from schemas.request import Tool
+    from tests.tool_fixtures import call_block, ledger_key, registry
+    from worker.tool_loop.ledger import CallLedger
+    from worker.tool_loop.registry import parse_arguments
+    from worker.tool_loop.spec import ToolCallContext
+    from worker.toolcalls import parse_output
+
+    tools = [Tool.model_validate(t) for t in registry.openai_tools("step")]
+    text = call_block("step", n=1, until=2, tag="Lé 7")
+    parsed = parse_output(text, tools=tools, reasoning_enabled=False)
+    (call,) = parsed.tool_calls
+    pending = PendingCall("req-1", 2, call.id, call.function.name, call.function.arguments)
+    context = ToolCallContext(
+        request_id="req-1",
+        turn=2,
+        call_id=call.id,
+        name=call.function.name,
+        arguments=parse_arguments(call.function.arguments),
+    )
+
+    class Settings:
+        keys = RedisKeys("pfx")
+
+    ledger = CallLedger(None, Settings())  # type: ignore[arg-type]
+    assert ledger_key(context, "pfx") == ledger.key(pending)
