@@ -277,3 +277,18 @@ def test_a_bare_tool_loop_flag_means_the_default_turn_limit() -> None:
     assert bare_tool_loop(["submit", "--tool-loop", "6"]) == ["submit", "--tool-loop", "6"]
     assert bare_tool_loop(["submit", "--tool-loop", "-1"]) == ["submit", "--tool-loop", "-1"]
     assert bare_tool_loop(["submit", "--tool-loop=3"]) == ["submit", "--tool-loop=3"]
+
+
+def test_the_openai_tools_list_is_a_copy() -> None:
+    registry = ToolRegistry()
+
+    @registry.tool
+    def count(n: int) -> int:
+        return n
+
+    offered = registry.openai_tools("count")
+    offered[0]["function"]["parameters"]["properties"]["n"] = {"type": "string"}
+    (again,) = registry.openai_tools("count")
+    assert again["function"]["parameters"]["properties"]["n"] == {"type": "integer"}
+    (record,) = run_calls(registry, [PendingCall("r", 1, "c", "count", '{"n": 3}')])
+    assert record.ok and record.content == "3"

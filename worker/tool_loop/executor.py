@@ -172,7 +172,9 @@ class ToolExecutor:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> int:
-        self._consumer.subscribe(self._on_revoked, self._on_assigned, self._stop.is_set)
+        self._consumer.subscribe(
+            self._on_revoked, self._on_assigned, self._stop.is_set, on_lost=self._forget
+        )
         self.state.engine_ready = True
         log.info(
             "executor_started",
@@ -307,8 +309,13 @@ class ToolExecutor:
         done = {tp: off for tp, off in done.items() if self._committed.get(tp) != off}
         holds = self._dead.holds()
         self._consumer.commit_nowait({tp: min(off, holds.get(tp, off)) for tp, off in done.items()})
-        self._dead.release(set(revoked))
-        for tp in revoked:
+        self._forget(revoked)
+
+    def _forget(self, partitions: set[TopicPartition]) -> None:
+        """Partitions no longer ours (revoked, or lost with an expired session: those cannot
+        be committed, their records are their new owner's)."""
+        self._dead.release(set(partitions))
+        for tp in partitions:
             self._done.pop(tp, None)
             self._committed.pop(tp, None)
 

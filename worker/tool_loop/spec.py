@@ -7,6 +7,7 @@ so neither imports the other's module."""
 from __future__ import annotations
 
 import abc
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,13 +71,16 @@ class ToolSpec(abc.ABC):
     sensitive: bool
 
     def openai(self) -> dict[str, Any]:
-        """The tool as an OpenAI `tools` entry."""
+        """The tool as an OpenAI `tools` entry: a copy, so a caller that edits it (adds a
+        field to a request's schema) does not change what the executor checks calls
+        against. Handing out `parameters` itself once let one test's edit make every later
+        request in the process offer `step` with a string `n`."""
         return {
             "type": "function",
             "function": {
                 "name": self.name,
                 "description": self.description,
-                "parameters": self.parameters,
+                "parameters": copy.deepcopy(self.parameters),
             },
         }
 
