@@ -21,12 +21,6 @@ def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex}"
 
 
-def endpoint_for(body: Mapping[str, Any]) -> str:
-    """The endpoint a bare body names (`schemas.endpoints.path_for`: `/v1/completions` for
-    a body with `prompt` and no `messages`, else chat)."""
-    return path_for(body)
-
-
 def now_utc() -> datetime:
     return datetime.now(UTC)
 
@@ -80,7 +74,7 @@ class Request:
     def envelope(self, submitted_at: datetime | None = None) -> RequestEnvelope:
         data: dict[str, Any] = {
             "request_id": self.request_id if self.request_id is not None else new_request_id(),
-            "endpoint": self.endpoint or endpoint_for(self.body),
+            "endpoint": self.endpoint or path_for(self.body),
             "body": dict(self.body),
             "submitted_at": (submitted_at or now_utc()).isoformat(),
         }
@@ -89,4 +83,4 @@ class Request:
         return validate_envelope(data)
 
 
-__all__ = ["Request", "build_envelope", "endpoint_for", "new_request_id", "now_utc"]
+__all__ = ["Request", "build_envelope", "new_request_id", "now_utc"]

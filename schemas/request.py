@@ -114,7 +114,8 @@ JobId = Annotated[RequestId, AfterValidator(_not_reserved)]
 
 def _known_endpoint(path: str) -> str:
     if path not in BY_PATH:
-        raise ValueError(f"unknown endpoint {path!r}; qbatch serves {', '.join(PATHS)}")
+        # the value is cut: a record may carry a megabyte here, and the message travels
+        raise ValueError(f"unknown endpoint {path[:100]!r}; qbatch serves {', '.join(PATHS)}")
     return path
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, settings
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition
 
@@ -56,6 +57,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # ---------------------------------------------------------------------------- figures
+
+
+def fuzz_settings(max_examples: int) -> settings:
+    """Hypothesis settings of the fuzz tests: no deadline (a busy CI machine stalls an
+    example), no health check (the strategies build large inputs on purpose), no example
+    database (every run explores afresh)."""
+    from hypothesis import settings
+
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
 
 
 def figures(scenario: str, **values: Any) -> str:

@@ -25,14 +25,14 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from schemas import ContractError, decode_request, limits
 from schemas.decode import encode_request
 from schemas.request import Tool
-from tests.reliability.conftest import figures
+from tests.reliability.conftest import figures, fuzz_settings
 from worker.toolcalls import TOOL_CALL_OPEN, parse_output
 
 STATS: collections.Counter[str] = collections.Counter()
@@ -44,12 +44,8 @@ def _print_figures() -> Any:
     figures("fuzz", **dict(sorted(STATS.items())))
 
 
-FAST = settings(
-    max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None
-)
-LONG = settings(
-    max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck), database=None
-)
+FAST = fuzz_settings(300)
+LONG = fuzz_settings(10_000)
 ID_RE = re.compile(limits.ID_PATTERN)
 
 # ------------------------------------------------------------------ envelopes

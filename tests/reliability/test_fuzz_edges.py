@@ -29,7 +29,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -44,7 +44,7 @@ from schemas import decode_request, limits
 from schemas.decode import encode_request
 from schemas.limits import MAX_ENVELOPE_BYTES
 from schemas.tool_events import ToolTurnEvent
-from tests.reliability.conftest import figures
+from tests.reliability.conftest import figures, fuzz_settings
 from tests.reliability.test_fuzz import _get, _paths, json_values
 from tests.unit.test_tool_loop_logic import envelope, record, result
 from worker.tool_loop.answers import malformed_answer, next_envelope
@@ -61,12 +61,8 @@ def _print_figures() -> Any:
     figures("fuzz_edges", **dict(sorted(STATS.items())))
 
 
-FAST = settings(
-    max_examples=250, deadline=None, suppress_health_check=list(HealthCheck), database=None
-)
-LONG = settings(
-    max_examples=5_000, deadline=None, suppress_health_check=list(HealthCheck), database=None
-)
+FAST = fuzz_settings(250)
+LONG = fuzz_settings(5_000)
 
 # ------------------------------------------------------------------ executor
 

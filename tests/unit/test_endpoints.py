@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from producer.envelopes import endpoint_for
+from producer.envelopes import Request
 from producer.serve import batches
 from schemas import RequestEnvelope, ResultEnvelope
 from schemas.endpoints import BY_PATH, ENDPOINTS, PATHS, Body, Task, path_for, spec_of
@@ -49,7 +49,7 @@ def test_a_bare_body_names_its_endpoint_by_its_input_field(spec: Any) -> None:
         if spec.input_field == "prompt"
         else [{"role": "user", "content": "hi"}]
     }
-    assert path_for(body) == endpoint_for(body) == spec.path
+    assert path_for(body) == Request(body).envelope().endpoint == spec.path
     env = RequestEnvelope.model_validate({"request_id": "r", "endpoint": spec.path, "body": body})
     assert spec_of(env.body) is spec and isinstance(env.body, spec.body)
 
