@@ -13,9 +13,10 @@ import os
 from pathlib import Path
 from typing import Annotated
 
+import redis
 import typer
 
-from producer.cli_common import EXIT_USAGE, client_for, err, opts
+from producer.cli_common import EXIT_UNAVAILABLE, EXIT_USAGE, client_for, err, opts
 from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
 
 
@@ -35,8 +36,10 @@ def serve(
             "--storage",
             "--storage-dir",
             envvar=[_env("STORAGE"), _env("STORAGE_DIR")],
-            help="Where uploaded and output files live: a directory (a path or file:///path) "
-            "or s3://bucket/prefix (credentials and region: the standard AWS_* variables).",
+            help="Where uploaded and output files' bytes live: a directory (a path or "
+            "file:///path), s3://bucket/prefix, gs://bucket/prefix or az://container/prefix "
+            "(credentials and region: each cloud's standard variables, AWS_* for S3). Their "
+            "records live in Redis.",
         ),
     ] = "qbatch-files",
     s3_endpoint_url: Annotated[
@@ -94,10 +97,11 @@ def serve(
         int,
         typer.Option(
             envvar=_env("MAX_SYNC_INFLIGHT"),
-            help="chat/completions requests waiting for their answer at once; past it: 429.",
+            help="chat/completions requests waiting for their answer at once (each holds a "
+            "Redis connection, no thread); past it: 429.",
             min=1,
         ),
-    ] = 256,
+    ] = 4096,
     max_sync_inflight_per_tenant: Annotated[
         int,
         typer.Option(
@@ -128,10 +132,29 @@ def serve(
         typer.Option(
             "--reindex",
             envvar=_env("REINDEX"),
-            help="Index every stored file again at start (after replicas of a release "
-            "before 2026-12-06 wrote files); otherwise once per store.",
+            help="Import the metadata of a store written by a release before 2026-12-07 "
+            "again at start (after replicas of such a release wrote files); otherwise "
+            "once per Redis prefix.",
         ),
     ] = False,
+    lease_ttl: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("LEASE_TTL"),
+            min=1.0,
+            help="Seconds the server's lease on its Redis prefix lasts unrenewed (renewed "
+            "every third of it): a server killed outright blocks its successor this long.",
+        ),
+    ] = 30.0,
+    lease_wait: Annotated[
+        float,
+        typer.Option(
+            envvar=_env("LEASE_WAIT"),
+            min=0.0,
+            help="Seconds to wait at start while another server holds the prefix's lease "
+            "(a rolling deploy), before refusing to start.",
+        ),
+    ] = 45.0,
     models: Annotated[
         str,
         typer.Option(
@@ -154,7 +177,8 @@ def serve(
 
         from producer.serve.app import ServeConfig, build_state, create_app
         from producer.serve.auth import KeysError, load_keyring
-        from producer.serve.storage_url import StorageError, open_storage
+        from producer.serve.lease import Lease, LeaseHeld
+        from producer.serve.storage_url import StorageError, open_storage, parse_storage_url
     except ModuleNotFoundError as exc:
         err.print(
             f"[red]error:[/] qbatch serve needs the serve extra ({exc.name} is missing): "
@@ -170,17 +194,26 @@ def serve(
         err.print(f"[red]error:[/] API keys: {exc}")
         raise typer.Exit(EXIT_USAGE) from None
     try:
-        store = open_storage(storage, s3_endpoint_url=s3_endpoint_url or None)
+        parse_storage_url(storage)  # a bad setting is refused before anything waits
     except StorageError as exc:
         err.print(f"[red]error:[/] storage: {exc}")
         raise typer.Exit(EXIT_USAGE) from None
-    except ModuleNotFoundError as exc:
-        err.print(
-            f"[red]error:[/] s3:// storage needs the serve extra ({exc.name} is missing): "
-            "pip install 'qbatch[serve]'"
-        )
-        raise typer.Exit(EXIT_USAGE) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    client = client_for(opts(ctx))
+    try:
+        lease = Lease.acquire(client.redis, client.keys, ttl_s=lease_ttl, wait_s=lease_wait)
+    except LeaseHeld as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    except redis.exceptions.RedisError as exc:
+        err.print(f"[red]error:[/] Redis: {exc}")
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+    try:
+        store = open_storage(storage, lease, s3_endpoint_url=s3_endpoint_url or None)
+    except StorageError as exc:
+        lease.release()
+        err.print(f"[red]error:[/] storage: {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
     config = ServeConfig(
         max_upload_bytes=max_upload_bytes,
         max_concurrent_batches=max_concurrent_batches,
@@ -194,7 +227,7 @@ def serve(
         metrics_token=os.environ.get("QBATCH_SERVE_METRICS_TOKEN") or None,
         models=tuple(m.strip() for m in models.split(",") if m.strip()),
     )
-    state = build_state(config, keyring, store, client_for(opts(ctx)))
+    state = build_state(config, keyring, store, client, lease)
     uvicorn.run(
         create_app(state),
         host=host,

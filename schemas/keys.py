@@ -149,6 +149,44 @@ class RedisKeys:
         and its tenant's sets together, so on a cluster they share the tag `{serve}`."""
         return f"{self.prefix}:{{serve}}" if self.cluster else f"{self.prefix}:serve"
 
+    def serve_file(self, file_id: str) -> str:
+        """Hash: one stored file of `qbatch serve` (OpenAI's file object, its tenant and
+        the key of the object holding its bytes: `producer.serve.file_records`)."""
+        return f"{self._serve()}:file:{file_id}"
+
+    def serve_file_gone(self, file_id: str) -> str:
+        """String, a day's TTL: a deleted file's tenant and listing member, so a listing
+        cursor naming it still finds its place."""
+        return f"{self._serve()}:file-gone:{file_id}"
+
+    def serve_tenant_files(self, tenant: str, purpose: str | None = None) -> str:
+        """Sorted set (score 0, members `{created_at:012d}.{file_id}`, so by creation time
+        and then id): a tenant's files, or those of one `purpose`, for `GET /v1/files`."""
+        base = f"{self._serve()}:tenant:{tenant}:files"
+        return base if purpose is None else f"{base}:{purpose}"
+
+    def serve_storage_bytes(self) -> str:
+        """Hash tenant -> the bytes its stored files hold (its storage quota's measure)."""
+        return f"{self._serve()}:storage-bytes"
+
+    def serve_files_expiring(self) -> str:
+        """Sorted set file_id -> expires_at: files with an `expires_after` policy."""
+        return f"{self._serve()}:files-expiring"
+
+    def serve_files_imported(self) -> str:
+        """String: the storage's metadata documents of a release before 2026-12-07 are
+        imported (`producer.serve.legacy_import`)."""
+        return f"{self._serve()}:files-imported"
+
+    def serve_lease(self) -> str:
+        """String, with a TTL: the token of the one `qbatch serve` working on this prefix
+        (`producer.serve.lease`); every state change checks it."""
+        return f"{self._serve()}:lease"
+
+    def serve_lease_epoch(self) -> str:
+        """Counter: how many leases were taken on this prefix (a token's first part)."""
+        return f"{self._serve()}:lease-epoch"
+
     def serve_runner_current(self) -> str:
         """String: the batch `qbatch serve`'s runner is stepping now (a server that starts
         and finds it set died under that step: `producer.serve.batch_strikes`)."""

@@ -52,6 +52,8 @@ class Server:
         self.port = free_port()
         env = self.lane.env()
         env["QBATCH_API_KEYS"] = f"{KEY_A}:team-a"
+        # a server killed outright blocks its successor on the prefix this long (its lease)
+        env["QBATCH_SERVE_LEASE_TTL"] = "5"
         env.update(self.extra_env)
         cmd = [
             sys.executable,
@@ -146,18 +148,34 @@ def wait_batch(
         time.sleep(poll_s)
 
 
-def offline_app(files: Path, config: Any = None, limits: dict[str, Any] | None = None) -> Any:
+def offline_app(
+    files: Path,
+    config: Any = None,
+    limits: dict[str, Any] | None = None,
+    redis_client: Any = None,
+    clock: Any = None,
+) -> Any:
     """The real `qbatch serve` app, in process, for tests that drive it as ASGI without
-    Kafka or Redis: its client points at closed ports and connects only on first use,
-    and the batch runner is not started. Keys: KEY_A (team-a), KEY_B (team-b); `limits`:
-    tenant -> `TenantLimits`, as a keys file gives them."""
+    Kafka: its client's Kafka is a closed port (connected only on first use), its Redis
+    fakeredis (or `redis_client`), its files' bytes under `files`, and the batch runner
+    is not started. Keys: KEY_A (team-a), KEY_B (team-b); `limits`: tenant ->
+    `TenantLimits`, as a keys file gives them; `clock`: the file store's time
+    (`tests.storage_fixtures.Clock`)."""
     from producer.client import QBatchClient
     from producer.serve.app import ServeConfig, build_state, create_app
     from producer.serve.auth import KeyRing, load_keyring
-    from producer.serve.local_store import LocalStorage
+    from producer.serve.storage_url import open_storage
+    from tests.storage_fixtures import fake_redis, new_lease
 
-    client = QBatchClient(bootstrap="127.0.0.1:9", redis_url="redis://127.0.0.1:9")
+    client = QBatchClient(bootstrap="127.0.0.1:9", redis_client=redis_client or fake_redis())
+    lease = new_lease(client.redis, client.keys.prefix)
     keyring = load_keyring(f"{KEY_A}:team-a,{KEY_B}:team-b", None)
     keyring = KeyRing(keyring.digests, limits or {})
-    state = build_state(config or ServeConfig(), keyring, LocalStorage(files), client)
+    state = build_state(
+        config or ServeConfig(),
+        keyring,
+        open_storage(str(files), lease, clock=clock or time.time),
+        client,
+        lease,
+    )
     return create_app(state, run_batches=False)

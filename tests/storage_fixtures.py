@@ -1,24 +1,55 @@
-"""The `qbatch serve` storage backends under test, each seen from outside it: the local
-directory, and S3 on a real S3-compatible server (moto's server mode on a loopback
-port; marked integration). Import `backend` (and `s3_endpoint`, which it uses) into a
-test module to run its tests against both."""
+"""The `qbatch serve` storage under test, each seen from outside it: bytes in a local
+directory with records in fakeredis (a unit test), and bytes in S3 on a real
+S3-compatible server (moto's server mode on a loopback port) with records in the real
+Redis (marked integration). Import `backend` (and `s3_endpoint`, which it uses) into a
+test module to run its tests against both. Time is a `Clock` the test moves."""
 
 from __future__ import annotations
 
-import shutil
+import os
+import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+import obstore
 import pytest
 
-from producer.serve.file_index import EXPIRY_DIR, INDEX_DIR, SIZES_DIR, tenant_dir
-from producer.serve.local_store import LocalStorage
+from producer.serve.lease import Lease
 from producer.serve.storage import FileStore, StoredFile
 from producer.serve.storage_url import open_storage
-from tests.s3_fixtures import BUCKET, CREDENTIALS, moto_s3, object_keys
+from schemas.keys import RedisKeys
+from tests.s3_fixtures import BUCKET, CREDENTIALS, moto_s3
+
+
+@dataclass
+class Clock:
+    """The store's time: starts at the real time, moves only when a test moves it."""
+
+    now: float = field(default_factory=time.time)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_redis() -> Any:
+    import fakeredis
+
+    return fakeredis.FakeRedis()
+
+
+def real_redis() -> Any:
+    import redis
+
+    return redis.Redis.from_url(os.environ.get("QBATCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
+
+
+def new_lease(redis_client: Any, prefix: str | None = None) -> Lease:
+    """A lease on a fresh prefix (each test its own keys)."""
+    keys = RedisKeys(prefix or f"t{uuid.uuid4().hex[:12]}")
+    return Lease.acquire(redis_client, keys, wait_s=0)
 
 
 @dataclass
@@ -26,81 +57,33 @@ class Backend:
     """A storage under test and what it holds, seen from outside it."""
 
     storage: FileStore
+    url: str
+    lease: Lease
+    clock: Clock
     endpoint: str | None = None
-    prefix: str = ""
 
     def stored_names(self) -> list[str]:
-        """The names in `files/` (local directory or objects under the prefix)."""
-        if self.endpoint is None:
-            assert isinstance(self.storage, LocalStorage)
-            return sorted(p.name for p in self.storage.files.iterdir())
-        files = f"{self.prefix}files/"
-        keys = object_keys(self.endpoint, prefix=files)
-        return [k.removeprefix(files) for k in keys]
+        """The object keys under `files/`."""
+        return sorted(key for key, _ in self.storage.objects.listing("files/"))
+
+    def all_names(self) -> list[str]:
+        return sorted(key for key, _ in self.storage.objects.listing(""))
 
     def temp_names(self) -> list[str]:
         return sorted(p.name for p in self.storage.tmp.iterdir())
 
-    def folder_names(self, tenant: str, top: str = INDEX_DIR) -> list[str]:
-        """Every name in the tenant's folder under `top` (its listing index, or sizes)."""
-        where = f"{top}/{tenant_dir(tenant)}"
-        if self.endpoint is None:
-            assert isinstance(self.storage, LocalStorage)
-            folder = self.storage.root / where
-            return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-        keys = object_keys(self.endpoint, prefix=f"{self.prefix}{where}/")
-        return [k.rsplit("/", 1)[1] for k in keys]
-
-    def set_entry(self, tenant: str, name: str, present: bool, top: str = INDEX_DIR) -> None:
-        """Write or remove an entry of the tenant's folder under `top` behind the store's
-        back (what a release without it, or a server killed half-way, leaves)."""
-        where = f"{top}/{tenant_dir(tenant)}/{name}"
-        if self.endpoint is None:
-            assert isinstance(self.storage, LocalStorage)
-            path = self.storage.root / where
-            path.touch() if present else path.unlink()
-            return
-        s3, key = cast(Any, self.storage).client, f"{self.prefix}{where}"
-        if present:
-            s3.put_object(Bucket=BUCKET, Key=key, Body=b"")
-        else:
-            s3.delete_object(Bucket=BUCKET, Key=key)
-
-    def write_document(self, file_id: str, doc: bytes) -> None:
-        """A metadata document written behind the store's back (damaged, hand-made, or
-        another release's)."""
-        if self.endpoint is None:
-            assert isinstance(self.storage, LocalStorage)
-            self.storage.files.joinpath(f"{file_id}.json").write_bytes(doc)
-        else:
-            key = f"{self.prefix}files/{file_id}.json"
-            cast(Any, self.storage).client.put_object(Bucket=BUCKET, Key=key, Body=doc)
-
-    def index_names(self, tenant: str) -> list[str]:
-        """The tenant's listing-index entries."""
-        return self.folder_names(tenant)
-
-    def size_names(self, tenant: str) -> list[str]:
-        """The tenant's size entries."""
-        return self.folder_names(tenant, SIZES_DIR)
-
-    def drop_index(self) -> None:
-        """Remove the indexes and the marker (a store written before they existed)."""
-        if self.endpoint is None:
-            assert isinstance(self.storage, LocalStorage)
-            for folder in (INDEX_DIR, EXPIRY_DIR, SIZES_DIR):
-                shutil.rmtree(self.storage.root / folder, ignore_errors=True)
-            return
-        s3 = cast(Any, self.storage).client
-        for folder in (INDEX_DIR, EXPIRY_DIR, SIZES_DIR):
-            for key in object_keys(self.endpoint, prefix=f"{self.prefix}{folder}/"):
-                s3.delete_object(Bucket=BUCKET, Key=key)
+    def write_object(self, key: str, data: bytes) -> None:
+        """An object written behind the store's back (another release's, or a crash's)."""
+        obstore.put(self.storage.objects.store, key, data)
 
     def reopen(self) -> FileStore:
-        if self.endpoint is None:
-            assert isinstance(self.storage, LocalStorage)
-            return open_storage(str(self.storage.root))
-        return open_storage(f"s3://{BUCKET}/{self.prefix}", s3_endpoint_url=self.endpoint)
+        """The same store opened again (a restart: the same prefix and lease)."""
+        return open_storage(self.url, self.lease, s3_endpoint_url=self.endpoint, clock=self.clock)
+
+    def records(self, tenant: str) -> list[str]:
+        """The members of the tenant's listing set (what Redis says it has)."""
+        key = self.lease.keys.serve_tenant_files(tenant)
+        return [m.decode() for m in self.lease.redis.zrange(key, 0, -1)]
 
 
 @pytest.fixture(scope="module")
@@ -112,15 +95,24 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
 def backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Backend:
+) -> Iterator[Backend]:
+    clock = Clock()
     if request.param == "local":
-        return Backend(open_storage(str(tmp_path)))
+        lease = new_lease(fake_redis())
+        url = str(tmp_path / "store")
+        yield Backend(open_storage(url, lease, clock=clock), url, lease, clock)
+        return
     endpoint: str = request.getfixturevalue("s3_endpoint")
     for name, value in CREDENTIALS.items():
         monkeypatch.setenv(name, value)
-    prefix = f"t-{uuid.uuid4().hex[:12]}/"  # each test its own prefix in the one bucket
-    storage = open_storage(f"s3://{BUCKET}/{prefix}", s3_endpoint_url=endpoint)
-    return Backend(storage, endpoint, prefix)
+    lease = new_lease(real_redis())
+    url = f"s3://{BUCKET}/t-{uuid.uuid4().hex[:12]}/"  # each test its own prefix in the one bucket
+    storage = open_storage(url, lease, s3_endpoint_url=endpoint, clock=clock)
+    try:
+        yield Backend(storage, url, lease, clock, endpoint)
+    finally:
+        for key in lease.redis.scan_iter(f"{lease.keys.prefix}:*"):
+            lease.redis.delete(key)
 
 
 def put_bytes(
@@ -147,4 +139,19 @@ def upload_bytes(storage: FileStore, data: bytes, tenant: str = "a", limit: int 
     return storage.commit(up, tenant=tenant, filename="in.jsonl", purpose="batch").id
 
 
-__all__ = ["Backend", "backend", "put_bytes", "s3_endpoint", "upload_bytes"]
+def read_all(storage: FileStore, stored: StoredFile) -> bytes:
+    return b"".join(storage.iter_bytes(stored))
+
+
+__all__ = [
+    "Backend",
+    "Clock",
+    "backend",
+    "fake_redis",
+    "new_lease",
+    "put_bytes",
+    "read_all",
+    "real_redis",
+    "s3_endpoint",
+    "upload_bytes",
+]

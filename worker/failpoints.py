@@ -5,16 +5,20 @@
 that request_id among the ids it is handling (or with any ids, when none is named).
 Points: `accept` (main loop, one record, once decoded), `dispatch` (dispatcher, one
 micro-batch), `write` (writer, one chunk, for requests that succeeded: a fault in how a
-response is written), `executor` (the tool executor, one poll's events). Unset in
-production: `hit()` is then a dict lookup.
+response is written), `executor` (the tool executor, one poll's events), and `qbatch
+serve`'s file store with file ids: `serve_put_record` (an upload's bytes are written, its
+record not yet), `serve_delete_bytes` (a file's record is removed, its bytes not yet).
+Unset in production: `hit()` is then a dict lookup. In-process tests arm points with
+`armed(...)` instead of the variable.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
-__all__ = ["FailpointError", "hit"]
+__all__ = ["FailpointError", "armed", "hit"]
 
 
 class FailpointError(RuntimeError):
@@ -44,3 +48,17 @@ def hit(point: str, request_ids: Iterable[str | None] = ()) -> None:
     wanted = _POINTS[point]
     if wanted is None or wanted.intersection(request_ids):
         raise FailpointError(f"failpoint {point} fired")
+
+
+@contextmanager
+def armed(spec: str) -> Iterator[None]:
+    """Arm `spec` (the variable's syntax) for the block, on top of what is armed."""
+    saved = {name: None if ids is None else set(ids) for name, ids in _POINTS.items()}
+    for name, ids in _parse(spec).items():
+        current = _POINTS.get(name, set())
+        _POINTS[name] = None if ids is None or current is None else current | ids
+    try:
+        yield
+    finally:
+        _POINTS.clear()
+        _POINTS.update(saved)

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -42,24 +44,23 @@ from producer.serve.batches import (
 )
 from producer.serve.bodies import BATCH_BODY_BYTES, SYNC_BODY_BYTES, json_body
 from producer.serve.errors import ApiError, not_found
-from producer.serve.expiry import form_policy, policy_seconds
+from producer.serve.files_api import StorageQuota, page_of, register_files
+from producer.serve.lease import Lease, LeaseKeeper, LeaseLost
 from producer.serve.metrics import UsageRecorder
 from producer.serve.page import PAGE_BATCHES, register_page
+from producer.serve.result_wait import ResultWaiter
 from producer.serve.runner import COLLECT_MARGIN_S, BatchRunner
 from producer.serve.sessions import Sessions
-from producer.serve.storage import PURPOSE_BATCH, FileStore, UploadTooLarge
+from producer.serve.storage import FileStore
 from producer.serve.sync import SyncSlots, request_timeout, run_sync
-from producer.serve.upkeep import Upkeep
-from producer.serve.upload import FormReceiver, check_jsonl
+from producer.serve.tenant import Tenant, tenant_of
+from producer.serve.upkeep import Upkeep, storage_jobs
 from producer.usage import UsageStore
 from schemas.endpoints import ENDPOINTS
 from schemas.errors import loc_to_param
 from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
 
 log = logging.getLogger("qbatch.serve")
-
-MULTIPART_SLACK = 64 * 1024
-"""Bytes a multipart body may hold beyond the file (boundaries, headers, purpose)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class ServeConfig:
     sync_timeout_s: float = 600.0
     """A sync request's deadline when the client sends no `X-Stainless-Timeout`."""
     max_sync_timeout_s: float = 3_600.0
-    max_sync_inflight: int = 256
+    max_sync_inflight: int = 4096
     max_sync_inflight_per_tenant: int | None = None
     """One tenant's share of `max_sync_inflight` (None: all of it)."""
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
@@ -83,7 +84,8 @@ class ServeConfig:
     max_batch_lines: int = MAX_BATCH_LINES
     """Request lines a batch's input may hold (OpenAI's 50,000)."""
     reindex: bool = False
-    """Index every stored file again at start (`--reindex`; else once per store)."""
+    """Import an older release's store again at start (`--reindex`; else once per
+    prefix: `producer.serve.legacy_import`)."""
     models: tuple[str, ...] = ()
     metrics_token: str | None = None
     """When set, `/metrics` needs `Authorization: Bearer` this token: its series name every
@@ -104,14 +106,17 @@ class ServeState:
     runner: BatchRunner
     usage: UsageRecorder
     upkeep: Upkeep
+    lease: Lease
 
 
 def build_state(
-    config: ServeConfig, keyring: KeyRing, storage: FileStore, client: QBatchClient
+    config: ServeConfig, keyring: KeyRing, storage: FileStore, client: QBatchClient, lease: Lease
 ) -> ServeState:
+    """The server's parts, every state change under `lease` (taken by the caller: one
+    server per Redis prefix, `producer.serve.lease`)."""
     # A job hash must outlive the longest window (168 h) and the finalize after it.
     jobs = JobStore.of(client, job_ttl_s=MAX_WINDOW_HOURS * 3_600 + COLLECT_MARGIN_S)
-    batches = BatchStore(client.redis, client.keys)
+    batches = BatchStore(client.redis, client.keys, lease)
     runner = BatchRunner(
         client,
         batches,
@@ -123,43 +128,29 @@ def build_state(
     )
     usage = UsageRecorder(UsageStore(client.redis, client.keys))
     runner.on_result = usage
-    upkeep = Upkeep(storage, reindex_force=config.reindex)
-    return ServeState(config, keyring, storage, client, batches, jobs, runner, usage, upkeep)
+    upkeep = Upkeep(storage_jobs(storage, reindex_force=config.reindex))
+    return ServeState(config, keyring, storage, client, batches, jobs, runner, usage, upkeep, lease)
 
 
-def tenant_of(request: Request) -> str:
-    """The tenant of the request's `Authorization: Bearer` key (401 without a good one)."""
-    header = request.headers.get("authorization")
-    if not header:
-        raise ApiError(
-            401,
-            "You didn't provide an API key: send 'Authorization: Bearer YOUR_KEY'.",
-            code="missing_api_key",
-        )
-    scheme, _, key = header.partition(" ")
-    tenant = (
-        request.app.state.serve.keyring.tenant_for(key.strip())
-        if scheme.lower() == "bearer"
-        else None
-    )
-    if tenant is None:
-        raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
-    return tenant
-
-
-Tenant = Annotated[str, Depends(tenant_of)]
+def _stop_server() -> None:
+    """The lease went to another server: stop as on SIGTERM (uvicorn drains requests, the
+    lifespan stops the runner); every write fails with LeaseLost meanwhile."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _json_error(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
 
 
 def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
     """The ASGI app. `run_batches`: start the batch runner with the app (and resume every
     batch not in a final state) and the storage's upkeep (`producer.serve.upkeep`)."""
 
+    keeper = LeaseKeeper(state.lease, on_lost=_stop_server)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        keeper.start()
         if run_batches:
             state.upkeep.start()
             state.runner.start()
@@ -168,16 +159,47 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         finally:
             state.upkeep.stop(timeout=5)  # first: no sweep starts while the runner stops
             state.runner.stop()
+            keeper.stop()  # last: gives the prefix to a successor once nothing here writes
             state.client.close(timeout=5)
+            for w in waiters:
+                await w.aclose()
 
     app = FastAPI(title="qbatch serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serve = state
     cfg = state.config
     slots = SyncSlots(cfg.max_sync_inflight, cfg.max_sync_inflight_per_tenant)
+    waiters: list[ResultWaiter] = []
+
+    def waiter() -> ResultWaiter:
+        """Made on first use, on the event loop it then serves (an async client's pool
+        belongs to one loop)."""
+        if not waiters:
+            settings = state.client.settings
+            waiters.append(
+                ResultWaiter.connect(
+                    settings.redis_url,
+                    state.client.keys,
+                    cfg.max_sync_inflight,
+                    **settings.redis_kwargs(),
+                )
+            )
+        return waiters[0]
+
+    quota = StorageQuota(state.storage, state.keyring, cfg.max_storage_bytes)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return _json_error(exc)
+
+    @app.exception_handler(LeaseLost)
+    async def _lease_lost(_request: Request, _exc: LeaseLost) -> JSONResponse:
+        return _json_error(
+            ApiError(
+                503,
+                "this server is stopping: another qbatch serve took over its Redis prefix; retry",
+                code="server_stopping",
+            )
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -212,110 +234,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
                 raise ApiError(401, "/metrics needs the metrics token", code="invalid_api_key")
         return Response(state.usage.exposition(), media_type=CONTENT_TYPE_LATEST)
 
-    # ------------------------------------------------------------ files
-
-    @app.post("/v1/files")
-    async def create_file(request: Request, tenant: Tenant) -> dict[str, Any]:
-        limit = state.keyring.limits_for(tenant).max_upload_bytes or cfg.max_upload_bytes
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > limit + MULTIPART_SLACK:
-            raise _too_large(limit)
-        # before receiving: refused at once when it cannot fit; and a body without a
-        # length (chunked) is cut where the tenant's room ends, not only at the limit
-        least = max(int(length) - MULTIPART_SLACK, 1) if length.isdigit() else 1
-        room = await _check_room(state, tenant, least)
-        cap = limit if room is None else min(limit, room)
-        receiver = FormReceiver(request.headers.get("content-type", ""), state.storage, cap)
-        try:
-            async for chunk in request.stream():
-                receiver.feed(chunk)
-            receiver.finish()
-            upload, purpose = receiver.upload, receiver.fields.get("purpose")
-            if purpose != PURPOSE_BATCH:
-                raise ApiError(
-                    400,
-                    f"purpose must be 'batch' (the only purpose qbatch serves), got {purpose!r}",
-                    code="invalid_purpose",
-                    param="purpose",
-                )
-            if upload is None:
-                raise ApiError(
-                    400, "the form has no 'file' part", code="missing_file", param="file"
-                )
-            policy = form_policy(receiver.fields, "expires_after")
-            expires_after_s = policy_seconds(policy, "expires_after")
-            upload.close()
-            problem = await run_in_threadpool(check_jsonl, upload.path)
-            if problem:
-                raise ApiError(
-                    400,
-                    f"Invalid file format for Batch API: must be JSONL; {problem}",
-                    code="invalid_file_format",
-                    param="file",
-                )
-            # again with the size: other uploads may have landed meanwhile
-            await _check_room(state, tenant, upload.size)
-            # off the event loop: with S3 storage this is an upload of up to the limit
-            stored = await run_in_threadpool(
-                state.storage.commit,
-                upload,
-                tenant=tenant,
-                filename=receiver.filename or "",
-                purpose=purpose,
-                expires_after_s=expires_after_s,
-            )
-        except UploadTooLarge:
-            receiver.discard()
-            if cap < limit:  # the tenant's storage quota, not the upload limit
-                raise ApiError(
-                    413,
-                    f"Storage limit reached: this upload is larger than the {cap} bytes this "
-                    "key's tenant has left of its quota; delete files (DELETE "
-                    "/v1/files/{file_id}) to make room",
-                    code="storage_limit_reached",
-                    param="file",
-                ) from None
-            raise _too_large(limit) from None
-        except BaseException:
-            receiver.discard()
-            raise
-        return stored.openai()
-
-    @app.get("/v1/files")
-    def list_files(
-        tenant: Tenant,
-        purpose: str | None = None,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
-        order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
-        after: str | None = None,
-    ) -> dict[str, Any]:
-        files, more = state.storage.list(
-            tenant, purpose=purpose, after=after, limit=limit, order=order
-        )
-        return _page([f.openai() for f in files], more)
-
-    def own_file(file_id: str, tenant: str) -> Any:
-        stored = state.storage.get(file_id, tenant)
-        if stored is None:
-            raise not_found("File", file_id)
-        return stored
-
-    @app.get("/v1/files/{file_id}")
-    def retrieve_file(file_id: str, tenant: Tenant) -> dict[str, Any]:
-        return dict(own_file(file_id, tenant).openai())
-
-    @app.get("/v1/files/{file_id}/content")
-    def file_content(file_id: str, tenant: Tenant) -> StreamingResponse:
-        stored = own_file(file_id, tenant)
-        return StreamingResponse(
-            state.storage.iter_bytes(stored), media_type="application/octet-stream"
-        )
-
-    @app.delete("/v1/files/{file_id}")
-    def delete_file(file_id: str, tenant: Tenant) -> dict[str, Any]:
-        if not state.storage.delete(file_id, tenant):
-            raise not_found("File", file_id)
-        return {"id": file_id, "object": "file", "deleted": True}
+    register_files(app, state.storage, quota, cfg.max_upload_bytes)
 
     # ------------------------------------------------------------ batches
 
@@ -324,7 +243,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         body = await json_body(request, BATCH_BODY_BYTES)
         # off the event loop: reads the input file's metadata from storage
         record = await run_in_threadpool(new_batch_record, state.storage, tenant, body)
-        await _check_room(state, tenant, None)
+        await quota.room(tenant, None)
         max_active = (
             state.keyring.limits_for(tenant).max_concurrent_batches or cfg.max_concurrent_batches
         )
@@ -367,7 +286,7 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=100)] = 20,
     ) -> dict[str, Any]:
         records, more = state.batches.list(tenant, after=after, limit=limit)
-        return _page([present(r) for r in records], more)
+        return page_of([present(r) for r in records], more)
 
     def newest_batches(tenant: str) -> list[dict[str, Any]]:
         records, _more = state.batches.list(tenant, after=None, limit=PAGE_BATCHES)
@@ -402,14 +321,17 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         timeout = request_timeout(request.headers, cfg.sync_timeout_s, cfg.max_sync_timeout_s)
         status, payload = await slots.run(
             tenant,
-            run_sync,
-            state.client,
-            body,
-            endpoint,
-            timeout,
-            tenant,
-            state.usage,
-            cfg.max_result_bytes,
+            lambda: run_sync(
+                state.client,
+                waiter(),
+                slots.submits,
+                body,
+                endpoint,
+                timeout,
+                tenant,
+                state.usage,
+                cfg.max_result_bytes,
+            ),
         )
         return Response(payload, status_code=status, media_type="application/json")
 
@@ -445,54 +367,6 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
         return model_object(model)
 
     return app
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(
-        413,
-        f"File is too large: the limit for this key's tenant is {limit} bytes",
-        code="file_too_large",
-        param="file",
-    )
-
-
-async def _check_room(state: ServeState, tenant: str, size: int | None) -> int | None:
-    """With a storage quota for the tenant (`KeyRing.storage_quota`), refuse unless `size`
-    more bytes (an upload's) fit in it, or, for a batch (`size` None), unless the tenant
-    is under it: a batch's outputs are always stored, so a full tenant starts none (those
-    started under it may still take it past by their outputs). A soft limit: requests
-    racing on several connections may each pass. Returns the bytes still free (None:
-    no quota)."""
-    quota = state.keyring.storage_quota(tenant, state.config.max_storage_bytes)
-    if quota is None:
-        return None
-    used = await run_in_threadpool(state.storage.usage, tenant)
-    if used + (size or 1) <= quota:
-        return quota - used
-    what = "a batch" if size is None else f"an upload of {size} bytes"
-    log.info("serve: %s's %s refused: %d of %d bytes used", tenant, what, used, quota)
-    held = f"Storage limit reached: this key's tenant's files hold {used} of its {quota} bytes"
-    clean = "delete files (DELETE /v1/files/{file_id}) to make room"
-    if size is None:
-        raise ApiError(
-            403, f"{held}, so a batch's output has no room; {clean}", code="storage_limit_reached"
-        )
-    raise ApiError(
-        413,
-        f"{held} and this upload needs {size} more; {clean}",
-        code="storage_limit_reached",
-        param="file",
-    )
-
-
-def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
 
 
 __all__ = ["ServeConfig", "ServeState", "build_state", "create_app"]

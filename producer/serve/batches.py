@@ -21,7 +21,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
@@ -31,6 +31,7 @@ import redis
 from producer.bulk import Defaults, InputFormat, Line, Scan, scan_lines
 from producer.job_view import JobView
 from producer.serve.errors import openai_code
+from producer.serve.lease import Lease
 from schemas import RedisKeys
 from schemas.endpoints import PATHS
 
@@ -307,11 +308,42 @@ def record_ttl(record: BatchRecord) -> int:
 
 
 class BatchStore:
-    """Batch records in Redis, under the connection's prefix."""
+    """Batch records in Redis, under the connection's prefix. With a `lease` (the server
+    always has one: `producer.serve.lease`), every write is a transaction watching it
+    and checking it is this server's, so a server that lost its prefix to another
+    changes nothing (LeaseLost)."""
 
-    def __init__(self, redis_client: Any, keys: RedisKeys) -> None:
+    def __init__(self, redis_client: Any, keys: RedisKeys, lease: Lease | None = None) -> None:
         self.redis = redis_client
         self.keys = keys
+        self.lease = lease
+
+    def _watch(self, pipe: Any, *keys: str) -> None:
+        """WATCH `keys` (and the lease), then check the lease."""
+        watched = [*keys, *([self.lease.key] if self.lease else [])]
+        if watched:
+            pipe.watch(*watched)
+        if self.lease is not None:
+            self.lease.check_watched(pipe)
+
+    def _write(
+        self, *keys: str, check: Callable[[Any], bool] | None = None, build: Callable[[Any], None]
+    ) -> bool:
+        """One fenced transaction: watch `keys`, `check(pipe)` (False: write nothing),
+        then `build(pipe)`'s writes; retried when a watched key changes meanwhile."""
+        with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    self._watch(pipe, *keys)
+                    if check is not None and not check(pipe):
+                        pipe.reset()
+                        return False
+                    pipe.multi()
+                    build(pipe)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
 
     def create(
         self, record: BatchRecord, max_active: int, max_kept: int = MAX_KEPT_BATCHES
@@ -323,30 +355,27 @@ class BatchStore:
         active = self.keys.serve_tenant_active(record.tenant)
         index = self.keys.serve_tenant_batches(record.tenant)
         now_ms = int(time.time() * 1000)
-        with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(active, index)
-                    if pipe.scard(active) >= max_active:
-                        pipe.unwatch()
-                        return "active"
-                    stale = pipe.zcount(index, "-inf", now_ms - RECORD_TTL_S * 1000)
-                    if pipe.zcard(index) - stale >= max_kept:
-                        pipe.unwatch()
-                        return "kept"
-                    pipe.multi()
-                    pipe.zremrangebyscore(index, "-inf", now_ms - RECORD_TTL_S * 1000)
-                    pipe.hset(self.keys.serve_batch(record.id), mapping=record.to_hash())
-                    pipe.zadd(
-                        self.keys.serve_tenant_batches(record.tenant),
-                        {record.id: int(time.time() * 1000)},
-                    )
-                    pipe.sadd(active, record.id)
-                    pipe.sadd(self.keys.serve_active(), record.id)
-                    pipe.execute()
-                    return None
-                except redis.WatchError:
-                    continue
+        refused: list[str] = []
+
+        def check(pipe: Any) -> bool:
+            if pipe.scard(active) >= max_active:
+                refused.append("active")
+                return False
+            stale = pipe.zcount(index, "-inf", now_ms - RECORD_TTL_S * 1000)
+            if pipe.zcard(index) - stale >= max_kept:
+                refused.append("kept")
+                return False
+            return True
+
+        def build(pipe: Any) -> None:
+            pipe.zremrangebyscore(index, "-inf", now_ms - RECORD_TTL_S * 1000)
+            pipe.hset(self.keys.serve_batch(record.id), mapping=record.to_hash())
+            pipe.zadd(index, {record.id: now_ms})
+            pipe.sadd(active, record.id)
+            pipe.sadd(self.keys.serve_active(), record.id)
+
+        self._write(active, index, check=check, build=build)
+        return refused[0] if refused else None
 
     def load(self, batch_id: str) -> BatchRecord | None:
         if not BATCH_ID.match(batch_id):
@@ -362,7 +391,8 @@ class BatchStore:
     def update(self, batch_id: str, **values: Any) -> None:
         mapping = {k: _encode(k, v) for k, v in values.items() if v is not None}
         if mapping:
-            self.redis.hset(self.keys.serve_batch(batch_id), mapping=mapping)
+            key = self.keys.serve_batch(batch_id)
+            self._write(build=lambda pipe: pipe.hset(key, mapping=mapping))
 
     def transition(self, batch_id: str, allowed: Iterable[str], **values: Any) -> bool:
         """Write `values` only if the batch's status is one of `allowed` (compare-and-set,
@@ -370,30 +400,29 @@ class BatchStore:
         key = self.keys.serve_batch(batch_id)
         mapping = {k: _encode(k, v) for k, v in values.items() if v is not None}
         allowed = set(allowed)
-        with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    status = pipe.hget(key, "status")
-                    if status is None or _s(status) not in allowed:
-                        pipe.unwatch()
-                        return False
-                    pipe.multi()
-                    pipe.hset(key, mapping=mapping)
-                    pipe.execute()
-                    return True
-                except redis.WatchError:
-                    continue
+
+        def check(pipe: Any) -> bool:
+            status = pipe.hget(key, "status")
+            return status is not None and _s(status) in allowed
+
+        return self._write(key, check=check, build=lambda pipe: pipe.hset(key, mapping=mapping))
 
     def finish(self, record: BatchRecord, **values: Any) -> None:
         """Write the final fields, take the batch off the active sets, and let its record
         expire (`record_ttl`: with its output files, or after RECORD_TTL_S): records
         once lived for ever, and creating batches was unlimited (40 creates of 16 KiB
         metadata: 4 MB in Redis, no TTL)."""
-        self.update(record.id, **values)
-        self.redis.expire(self.keys.serve_batch(record.id), record_ttl(record))
-        self.redis.srem(self.keys.serve_tenant_active(record.tenant), record.id)
-        self.redis.srem(self.keys.serve_active(), record.id)
+        mapping = {k: _encode(k, v) for k, v in values.items() if v is not None}
+        key = self.keys.serve_batch(record.id)
+
+        def build(pipe: Any) -> None:
+            if mapping:
+                pipe.hset(key, mapping=mapping)
+            pipe.expire(key, record_ttl(record))
+            pipe.srem(self.keys.serve_tenant_active(record.tenant), record.id)
+            pipe.srem(self.keys.serve_active(), record.id)
+
+        self._write(build=build)
 
     def active_ids(self) -> list[str]:
         return sorted(_s(x) for x in self.redis.smembers(self.keys.serve_active()))

@@ -30,8 +30,10 @@ class ApiError(Exception):
         code: str | None = None,
         param: str | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers or {}
         self.status = status
         self.message = message
         self.code = code

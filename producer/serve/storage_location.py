@@ -1,6 +1,6 @@
 """Where `qbatch serve --storage` points, parsed: a local directory (a path or
-`file:///path`) or an S3 location. Apart from `storage_url.open_storage`, so the S3
-backend can name its location type without importing the module that imports it."""
+`file:///path`) or a cloud location (`s3://`, `gs://`, `az://`). Pure: no store is
+opened here (`producer.serve.objects.open_objects` does that)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+CLOUD_SCHEMES = ("s3", "gs", "az")
 
 
 class StorageError(ValueError):
@@ -18,16 +19,22 @@ class StorageError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class S3Location:
-    """`s3://bucket/prefix`: objects under `prefix` ("" or ending in "/")."""
+class CloudLocation:
+    """`s3://bucket/prefix` (or `gs://`, `az://` with a container): objects under
+    `prefix` ("" or ending in "/")."""
 
+    scheme: str
     bucket: str
     prefix: str = ""
 
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.bucket}/{self.prefix}"
 
-def parse_storage_url(value: str) -> Path | S3Location:
+
+def parse_storage_url(value: str) -> Path | CloudLocation:
     """`--storage`: a plain path or `file:///path` (a local directory), or
-    `s3://bucket[/prefix]`. Anything else is a StorageError."""
+    `s3://bucket[/prefix]` (`gs://`, `az://` alike). Anything else is a StorageError."""
     text = value.strip()
     if not text:
         raise StorageError("the storage setting is empty")
@@ -43,12 +50,16 @@ def parse_storage_url(value: str) -> Path | S3Location:
         if not parts.path:
             raise StorageError(f"the file:// URL has no path: {value!r}")
         return Path(unquote(parts.path))
-    if scheme == "s3":
+    if scheme in CLOUD_SCHEMES:
         if not _BUCKET.match(parts.netloc) or ".." in parts.netloc:
-            raise StorageError(f"not an S3 bucket name: {parts.netloc!r}")
+            raise StorageError(f"not a bucket name: {parts.netloc!r}")
         prefix = unquote(parts.path).strip("/")
-        return S3Location(parts.netloc, f"{prefix}/" if prefix else "")
-    raise StorageError(f"storage must be a path, file:// or s3:// URL, not {scheme}://")
+        if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+            raise StorageError(f"the prefix has an empty, '.' or '..' part: {value!r}")
+        return CloudLocation(scheme, parts.netloc, f"{prefix}/" if prefix else "")
+    raise StorageError(
+        f"storage must be a path or a file://, s3://, gs:// or az:// URL, not {scheme}://"
+    )
 
 
-__all__ = ["S3Location", "StorageError", "parse_storage_url"]
+__all__ = ["CLOUD_SCHEMES", "CloudLocation", "StorageError", "parse_storage_url"]

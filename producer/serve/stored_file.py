@@ -1,23 +1,30 @@
-"""What `qbatch serve` knows of one stored file (OpenAI's file object plus its owner and
-expiry): `StoredFile`, its metadata document, and how a new one is made. Pure: the
-stores (`producer.serve.storage`) read and write these documents."""
+"""What `qbatch serve` knows of one stored file (OpenAI's file object plus its owner,
+expiry and the object holding its bytes): `StoredFile`, its Redis hash, and how a new
+one is made. Pure: `producer.serve.file_records` keeps these in Redis."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
-
-from producer.serve.file_index import FILE_ID, PURPOSE, ExpiryEntry, IndexEntry, SizeEntry
 
 PURPOSE_BATCH = "batch"
 PURPOSE_OUTPUT = "batch_output"
 MAX_FILENAME_CHARS = 255
 MAX_TIME = 10**12
-"""Times past this (the year 33658) are not a stored file's: index names hold 12 digits."""
+"""Times past this (the year 33658) are not a stored file's: listing members hold 12
+digits."""
+FILE_ID = re.compile(r"^file-[0-9a-f]{24,64}$")
+"""What a file id looks like; anything else is never turned into a key."""
+PURPOSE = re.compile(r"^[a-z_]{1,32}$")
+"""What a stored file's purpose looks like (OpenAI's: `batch`, `batch_output`, ...)."""
+OBJECT_KEY = re.compile(r"^files/(file-[0-9a-f]{24,64})\.[0-9a-z]{4,32}$")
+"""The key of a file's bytes: `files/{file_id}.{version}` (`.data` for a store written
+before 2026-12-07, imported by `producer.serve.legacy_import`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,24 +39,36 @@ class StoredFile:
     tenant: str
     expires_at: int | None = None
     """When the file stops existing (its `expires_after` policy; `producer.serve.expiry`)."""
+    object: str = ""
+    """The key of the object holding its bytes (a new one each time the id is written,
+    so a rewrite never races a delete of the bytes it replaced)."""
 
     @property
-    def listing_entry(self) -> IndexEntry:
-        return IndexEntry(self.created_at, self.id, self.purpose)
+    def member(self) -> str:
+        """Its member in the tenant's listing sets: by creation time, then id."""
+        return f"{self.created_at:012d}.{self.id}"
 
-    @property
-    def size_entry(self) -> SizeEntry:
-        return SizeEntry(self.id, self.bytes)
+    def to_hash(self) -> dict[str, str]:
+        return {k: str(v) for k, v in asdict(self).items() if v is not None}
 
-    @property
-    def expiry_entry(self) -> ExpiryEntry | None:
-        return None if self.expires_at is None else ExpiryEntry(self.expires_at, self.id)
-
-    def document(self) -> str:
-        """The metadata document (no `expires_at` key without a policy, so a release
-        from before expiry still reads it)."""
-        doc = {k: v for k, v in asdict(self).items() if v is not None}
-        return json.dumps(doc)
+    @classmethod
+    def from_hash(cls, h: dict[Any, Any]) -> StoredFile | None:
+        """The file a Redis hash holds (None for a damaged or foreign one)."""
+        doc = {_s(k): _s(v) for k, v in h.items()}
+        try:
+            stored = cls(
+                id=doc["id"],
+                bytes=int(doc["bytes"]),
+                created_at=int(doc["created_at"]),
+                filename=doc["filename"],
+                purpose=doc["purpose"],
+                tenant=doc["tenant"],
+                expires_at=int(doc["expires_at"]) if "expires_at" in doc else None,
+                object=doc.get("object", ""),
+            )
+        except (KeyError, ValueError):
+            return None
+        return stored if stored.well_formed() else None
 
     def well_formed(self) -> bool:
         """Every field of the type and shape a stored file's has (a document read back
@@ -64,10 +83,8 @@ class StoredFile:
             and PURPOSE.match(self.purpose) is not None
         )
 
-    def expired(self, now: float | None = None) -> bool:
-        return (
-            self.expires_at is not None and (time.time() if now is None else now) >= self.expires_at
-        )
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
 
     def openai(self) -> dict[str, Any]:
         return {
@@ -83,8 +100,17 @@ class StoredFile:
         }
 
 
+def _s(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def new_file_id() -> str:
     return f"file-{uuid.uuid4().hex}"
+
+
+def new_object_key(file_id: str) -> str:
+    """A fresh key for a file's bytes (`OBJECT_KEY`)."""
+    return f"files/{file_id}.{uuid.uuid4().hex[:16]}"
 
 
 def clean_filename(name: str | None) -> str:
@@ -101,43 +127,60 @@ def new_stored(
     purpose: str,
     file_id: str | None,
     expires_after_s: int | None = None,
+    now: float | None = None,
 ) -> StoredFile:
     """The metadata of a file being placed (a new id unless `file_id`, which must be one;
-    `expires_at` `expires_after_s` after its creation when given)."""
+    `expires_at` `expires_after_s` after its creation when given; bytes at a new key)."""
     fid = file_id or new_file_id()
     if not FILE_ID.match(fid):
         raise ValueError(f"not a file id: {fid!r}")
     if not PURPOSE.match(purpose):
         raise ValueError(f"not a purpose a stored file can have: {purpose!r}")
-    now = int(time.time())
-    expires_at = None if expires_after_s is None else now + expires_after_s
-    return StoredFile(fid, size, now, clean_filename(filename), purpose, tenant, expires_at)
+    created = int(time.time() if now is None else now)
+    expires_at = None if expires_after_s is None else created + expires_after_s
+    return StoredFile(
+        fid,
+        size,
+        created,
+        clean_filename(filename),
+        purpose,
+        tenant,
+        expires_at,
+        new_object_key(fid),
+    )
 
 
-_FIELDS = tuple(f.name for f in fields(StoredFile) if f.name != "expires_at")
+_LEGACY_FIELDS = tuple(f.name for f in fields(StoredFile) if f.name not in ("expires_at", "object"))
 
 
-def stored_any(raw: str | bytes) -> StoredFile | None:
-    """A metadata document's file, whoever owns it (None for a document that is not a
-    well-formed one: damaged, hand-written or of another kind)."""
+def legacy_file(raw: str | bytes) -> StoredFile | None:
+    """The file a metadata document of a release before 2026-12-07 describes
+    (`files/{id}.json`, its bytes at `files/{id}.data`); None for a document that is not
+    a well-formed one (damaged, hand-written or of another kind)."""
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(doc, dict) or not all(k in doc for k in _FIELDS):
+    if not isinstance(doc, dict) or not all(k in doc for k in _LEGACY_FIELDS):
         return None
-    stored = StoredFile(**{k: doc[k] for k in _FIELDS}, expires_at=doc.get("expires_at"))
-    return stored if stored.well_formed() else None
+    stored = StoredFile(**{k: doc[k] for k in _LEGACY_FIELDS}, expires_at=doc.get("expires_at"))
+    if not stored.well_formed():
+        return None
+    return replace(stored, object=f"files/{stored.id}.data")
 
 
 __all__ = [
+    "FILE_ID",
     "MAX_FILENAME_CHARS",
     "MAX_TIME",
+    "OBJECT_KEY",
+    "PURPOSE",
     "PURPOSE_BATCH",
     "PURPOSE_OUTPUT",
     "StoredFile",
     "clean_filename",
+    "legacy_file",
     "new_file_id",
+    "new_object_key",
     "new_stored",
-    "stored_any",
 ]

@@ -1,6 +1,11 @@
 """`POST /v1/chat/completions` and `/v1/completions` of `qbatch serve`: one request through
 the queue, answered like OpenAI's endpoint. No web framework here (unit-testable).
 
+The request is published on a thread (a Kafka acknowledgement: milliseconds, on a
+small pool of its own) and then waits for its result on the event loop
+(`producer.serve.result_wait`): a waiting request holds a Redis connection, not a
+thread, so `--max-sync-inflight` is bounded by Redis's connections, not a thread pool.
+
 The request goes on the **interactive** lane (ahead of every bulk job) with `deadline` =
 now + the client's own timeout: the `openai` SDK sends that timeout in the
 `X-Stainless-Timeout` header (default 600 s), so a request whose caller has given up is
@@ -16,9 +21,9 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -28,10 +33,12 @@ from kafka.errors import KafkaError
 from producer.batch_output import error_body, status_code
 from producer.client import PublishError, QBatchClient, now_utc
 from producer.serve.errors import ApiError, openai_code, openai_param
+from producer.serve.result_wait import ResultWaiter
 from schemas import ContractError, ResultEnvelope, Status
 from schemas.result import read_stored
 from schemas.result_size import DEFAULT_MAX_RESULT_BYTES
 
+T = TypeVar("T")
 TIMEOUT_HEADER = "x-stainless-timeout"
 GRACE_S = 2.0
 """Waited past the deadline, so a request that expired unstarted gets its `expired`
@@ -51,23 +58,19 @@ def request_timeout(headers: Mapping[str, str], default: float, maximum: float) 
 
 
 class SyncSlots:
-    """Threads for sync requests, apart from every other route's.
-
-    A sync request holds a thread while it waits for its answer (up to its client's
-    timeout, an hour at most). On the server's one shared pool, as many slow requests
-    as the pool has threads stopped `/v1/files`, `/v1/batches`, every other tenant and
-    `/healthz` (a liveness probe that fails restarts the pod, losing what is in flight).
-    So sync requests get their own `anyio.CapacityLimiter`, and one past the limit is
-    answered 429 at once (the `openai` SDK backs off and retries a 429 by itself).
-    A tenant may also be held to fewer (`per_tenant`), so one tenant's burst of slow
-    requests cannot take every slot from the others.
+    """Admission of sync requests: at most `limit` wait at once, and a tenant at most
+    `per_tenant` of them (one tenant's burst of slow requests cannot take every slot
+    from the others); one past either is answered 429 at once (the `openai` SDK backs
+    off and retries a 429 by itself). The wait itself holds no thread
+    (`producer.serve.result_wait`); publishing does, briefly, on `submits`, a pool of
+    its own so a slow Kafka never takes the threads `/v1/files` and `/healthz` run on.
     Used from the event loop only (no lock: nothing awaits between check and count).
     """
 
-    def __init__(self, limit: int, per_tenant: int | None = None) -> None:
+    def __init__(self, limit: int, per_tenant: int | None = None, submit_threads: int = 32) -> None:
         self.limit = limit
         self.per_tenant = min(per_tenant, limit) if per_tenant and per_tenant > 0 else limit
-        self.limiter = anyio.CapacityLimiter(limit)
+        self.submits = anyio.CapacityLimiter(submit_threads)
         self.by_tenant: Counter[str] = Counter()
         """Requests in flight, per tenant (a tenant leaves it at none)."""
 
@@ -97,17 +100,19 @@ class SyncSlots:
         if self.by_tenant[tenant] <= 0:
             del self.by_tenant[tenant]
 
-    async def run(self, tenant: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)` on a thread of this pool, past `take(tenant)`."""
+    async def run(self, tenant: str, work: Callable[[], Awaitable[T]]) -> T:
+        """`work()`, past `take(tenant)` (made only once admitted)."""
         self.take(tenant)
         try:
-            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+            return await work()
         finally:
             self.give(tenant)
 
 
-def run_sync(
+async def run_sync(
     client: QBatchClient,
+    waiter: ResultWaiter,
+    submits: anyio.CapacityLimiter,
     body: Any,
     endpoint: str,
     timeout: float,
@@ -115,9 +120,10 @@ def run_sync(
     on_result: Callable[[str, ResultEnvelope], None] | None = None,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
 ) -> tuple[int, bytes]:
-    """Submit one body, wait for its result: (HTTP status, JSON body bytes). ApiError for
-    what is refused before it is queued (stream, a body the contract refuses, a result
-    that could pass `max_result_bytes`, no Kafka).
+    """Submit one body (on a thread of `submits`), wait for its result (`waiter`, on the
+    event loop): (HTTP status, JSON body bytes). ApiError for what is refused before it
+    is queued (stream, a body the contract refuses, a result that could pass
+    `max_result_bytes`, no Kafka).
 
     A succeeded result's response goes out as the bytes Redis holds (`response_span`):
     parsing a result of megabytes costs ~60x its size, and one request for `n` 16 x
@@ -134,8 +140,9 @@ def run_sync(
             param="stream",
         )
     deadline = now_utc() + timedelta(seconds=timeout)
-    try:
-        rid = client.submit(
+
+    def submit() -> str:
+        return client.submit(
             body,
             endpoint=endpoint,
             lane=None,
@@ -143,7 +150,10 @@ def run_sync(
             metadata={"tenant": tenant},
             max_result_bytes=max_result_bytes,
         )
-        raw = client.wait_raw(rid, timeout=timeout + GRACE_S)
+
+    try:
+        rid = await anyio.to_thread.run_sync(submit, limiter=submits)
+        raw = await waiter.wait_raw(rid, timeout + GRACE_S)
     except ContractError as exc:
         raise ApiError(
             400, exc.message, code=openai_code(exc.code), param=openai_param(exc.param)

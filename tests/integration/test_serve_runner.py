@@ -30,9 +30,10 @@ from producer.bulk import request_id_for
 from producer.collect import collect_job
 from producer.jobs import JobStore
 from producer.serve.batches import BatchRecord, BatchStatus, BatchStore, new_batch_id
-from producer.serve.local_store import LocalStorage
+from producer.serve.lease import Lease
 from producer.serve.runner import BatchRunner
 from producer.serve.storage import PURPOSE_BATCH
+from producer.serve.storage_url import open_storage
 from schemas import JobStatus
 from tests.serve_fixtures import batch_lines, jsonl
 
@@ -61,16 +62,18 @@ def lane_runner(
     if topics:
         lane.create_topics()
     client = lane.client(producer_config={"max_block_ms": 1_500})
+    lease = Lease.acquire(client.redis, client.keys, wait_s=0)
     runner = BatchRunner(
         client,
-        BatchStore(client.redis, client.keys),
+        BatchStore(client.redis, client.keys, lease),
         JobStore.of(client),
-        LocalStorage(tmp / "files"),
+        open_storage(str(tmp / "files"), lease),
         **options,
     )
     try:
         yield lane, runner
     finally:
+        lease.release()
         client.close()
         if topics:
             lane.delete_topics()

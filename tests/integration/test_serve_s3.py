@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from producer.cli_common import EXIT_USAGE
-from producer.serve.file_index import MARKER_KEYS
 from tests.s3_fixtures import BUCKET, CREDENTIALS, moto_s3, object_keys
 from tests.serve_fixtures import Server, batch_lines, jsonl, keys_file, read_file, wait_batch
 
@@ -60,15 +59,9 @@ def test_a_batch_through_s3_storage(s3_server: tuple[Server, str], tmp_path: Pat
     n = 50
     data = jsonl(batch_lines(n))
     up = client.files.create(file=("in.jsonl", data), purpose="batch")
-    # the bytes, the metadata and the tenant's size and index entries are objects in the
-    # bucket, nothing else is (besides the index's markers, written as the server starts)
-    markers = {f"{PREFIX}{key}" for key in MARKER_KEYS}
-    keys = [k for k in object_keys(endpoint, prefix=PREFIX) if k not in markers]
-    assert keys[:2] == [f"{PREFIX}files/{up.id}.data", f"{PREFIX}files/{up.id}.json"]
-    assert len(keys) == 4
-    assert keys[2].startswith(f"{PREFIX}sizes/") and keys[2].endswith(f"/{up.id}.{len(data)}")
-    assert keys[3].startswith(f"{PREFIX}tenants/")
-    assert keys[3].endswith(f"/{up.created_at:012d}.{up.id}.batch")
+    # the bytes are the one object in the bucket (records live in Redis)
+    (key,) = object_keys(endpoint, prefix=PREFIX)
+    assert key.startswith(f"{PREFIX}files/{up.id}.")
     assert client.files.content(up.id).content == data
     batch = client.batches.create(
         input_file_id=up.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -78,18 +71,18 @@ def test_a_batch_through_s3_storage(s3_server: tuple[Server, str], tmp_path: Pat
     out = read_file(client, done.output_file_id)
     assert Counter(line["custom_id"] for line in out) == Counter(f"c{i}" for i in range(n))
     assert all(line["response"]["status_code"] == 200 for line in out)
-    assert f"{PREFIX}files/{done.output_file_id}.data" in object_keys(endpoint, prefix=PREFIX)
+    out_keys = [k for k in object_keys(endpoint, prefix=PREFIX) if done.output_file_id in k]
+    assert len(out_keys) == 1
     assert {f.id for f in client.files.list()} == {up.id, done.output_file_id}
-    # delete removes both objects; the listing entry stays a day as a tombstone
+    # delete removes the record and the object
     assert client.files.delete(up.id).deleted is True
-    left = [k for k in object_keys(endpoint, prefix=PREFIX) if up.id in k]  # no size entry
-    assert len(left) == 1 and left[0].startswith(f"{PREFIX}tenants/") and ".gone" in left[0]
+    assert not [k for k in object_keys(endpoint, prefix=PREFIX) if up.id in k]
     assert {f.id for f in client.files.list()} == {done.output_file_id}
 
 
 def test_a_bad_storage_url_stops_the_server_at_start(s3_server: tuple[Server, str]) -> None:
     server, _ = s3_server
     keys = str(server.keys_file)
-    out = qbatch(server.lane, "serve", "--keys-file", keys, "--storage", "gs://bucket/x")
+    out = qbatch(server.lane, "serve", "--keys-file", keys, "--storage", "ftp://bucket/x")
     assert out.returncode == EXIT_USAGE, out.stdout + out.stderr
-    assert "storage must be a path, file:// or s3:// URL" in out.stderr
+    assert "storage must be a path or a file://, s3://, gs:// or az:// URL" in out.stderr

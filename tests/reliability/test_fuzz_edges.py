@@ -28,6 +28,7 @@ import copy
 import json
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -317,9 +318,29 @@ def sync_bodies(draw: st.DrawFn) -> Any:
     return doc
 
 
+class NoAnswer:
+    """A result waiter that never gets an answer (the 504 path)."""
+
+    async def wait_raw(self, request_id: str, timeout: float) -> bytes | None:
+        return None
+
+
 def check_sync(body: Any) -> None:
+    async def call() -> tuple[int, bytes]:
+        return await run_sync(
+            CLIENT,
+            NoAnswer(),  # type: ignore[arg-type]
+            anyio.CapacityLimiter(1),
+            body,
+            ENDPOINT,
+            1.0,
+            "tenant-fz",
+            None,
+            RESULT_BOUND,
+        )
+
     try:
-        status, payload = run_sync(CLIENT, body, ENDPOINT, 1.0, "tenant-fz", None, RESULT_BOUND)
+        status, payload = anyio.run(call)
     except ApiError as exc:
         assert 400 <= exc.status < 500 or exc.status == 504, exc
         STATS[f"sync_{exc.status}"] += 1

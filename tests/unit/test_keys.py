@@ -47,6 +47,10 @@ def all_keys(
             ("serve_batch", job, keys.serve_batch(job)),
             ("serve_tenant_batches", job, keys.serve_tenant_batches(job)),
             ("serve_tenant_active", job, keys.serve_tenant_active(job)),
+            ("serve_file", job, keys.serve_file(job)),
+            ("serve_file_gone", job, keys.serve_file_gone(job)),
+            ("serve_tenant_files", job, keys.serve_tenant_files(job)),
+            ("serve_tenant_files_batch", job, keys.serve_tenant_files(job, "batch")),
         ]
         for day in DAYS:  # usage: a tenant and a day, both parts of the key
             out += [
@@ -54,6 +58,9 @@ def all_keys(
                 ("serve_usage_counted", f"{job}|{day}", keys.serve_usage_counted(job, day)),
             ]
     out.append(("serve_active", "", keys.serve_active()))
+    for name in ("serve_storage_bytes", "serve_files_expiring", "serve_files_imported"):
+        out.append((name, "", getattr(keys, name)()))
+    out += [("serve_lease", "", keys.serve_lease()), ("serve_epoch", "", keys.serve_lease_epoch())]
     return out
 
 

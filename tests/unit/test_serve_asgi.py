@@ -4,8 +4,9 @@ Body ceilings (`producer.serve.bodies`): no whole body past its route's ceiling 
 The app's `receive` counts what the server pulled, so the test sees how much of an
 oversized body was read, not just the status: before the ceiling, `/login` (no key
 needed) buffered a body of any size and only then compared it to 4 KiB. And `/metrics`
-behind its own token when one is set. The app's Kafka and Redis are never reached (the
-client connects lazily and every request here is answered before it would).
+behind its own token when one is set. The app's Kafka is never reached (the client
+connects lazily and every request here is answered before it would); its Redis is
+fakeredis.
 """
 
 from __future__ import annotations

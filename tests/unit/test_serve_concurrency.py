@@ -1,8 +1,9 @@
 """What one slow request must not hold up in `qbatch serve`.
 
-Sync chat/completions requests wait on threads of their own (`producer.serve.sync.
-SyncSlots`): past `max_sync_inflight` a request is a 429 at once, and files, batches and
-`/healthz` are served while every sync slot is taken. With a share per tenant
+Sync chat/completions requests wait on the event loop, holding no thread
+(`producer.serve.result_wait`), admitted by `producer.serve.sync.SyncSlots`: past
+`max_sync_inflight` a request is a 429 at once, and files, batches and `/healthz` are
+served while every sync slot is taken. With a share per tenant
 (`max_sync_inflight_per_tenant`), one key's burst leaves slots to the others.
 
 Before, a sync request held a thread of the one shared pool while it waited (up to an
@@ -25,10 +26,8 @@ import httpx
 import pytest
 
 import producer.serve.app
-from producer.client import QBatchClient
-from producer.serve.app import ServeConfig, build_state, create_app
-from producer.serve.auth import load_keyring
-from producer.serve.local_store import LocalStorage
+from producer.serve.app import ServeConfig
+from producer.serve.storage import FileStore
 from producer.serve.sync import SyncSlots
 from tests.serve_fixtures import KEY_A, KEY_B, offline_app
 
@@ -44,9 +43,13 @@ class Held:
         self.release = threading.Event()
         self.entered = threading.Semaphore(0)
 
-    def __call__(self, *_args: Any) -> tuple[int, bytes]:
+    async def __call__(self, *_args: Any) -> tuple[int, bytes]:
+        """Waits on the event loop, as the real wait does (the fake polls its event)."""
         self.entered.release()
-        self.release.wait(30)
+        for _ in range(3000):
+            if self.release.is_set():
+                break
+            await asyncio.sleep(0.01)
         return 200, b'{"object": "chat.completion"}'
 
 
@@ -142,27 +145,30 @@ def test_a_share_that_is_not_positive_is_the_whole_limit() -> None:
     assert [SyncSlots(4, share).per_tenant for share in (None, 0, -1, 2, 9)] == [4, 4, 4, 2, 4]
 
 
-class SlowStore(LocalStorage):
-    """A store whose commit waits until the test lets it (an S3 upload in progress)."""
+class SlowPut:
+    """The store's object writes wait until the test lets them (an S3 upload in
+    progress)."""
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
+    def __init__(self, storage: FileStore) -> None:
+        self.real = storage.objects.put
         self.placing = threading.Event()
         self.release = threading.Event()
         self.placed = False
 
-    def _place(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, key: str, src: Path) -> None:
         self.placing.set()
         self.release.wait(5)  # on the event loop (the old way) this froze every request
         self.placed = True
-        return super()._place(*args, **kwargs)
+        self.real(key, src)
 
 
-def test_an_upload_commit_does_not_stop_the_event_loop(tmp_path: Path) -> None:
-    store = SlowStore(tmp_path / "files")
-    client = QBatchClient(bootstrap="127.0.0.1:9", redis_url="redis://127.0.0.1:9")
-    keyring = load_keyring(f"{KEY_A}:team-a", None)
-    app = create_app(build_state(ServeConfig(), keyring, store, client), run_batches=False)
+def test_an_upload_commit_does_not_stop_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = offline_app(tmp_path / "files")
+    storage: FileStore = app.state.serve.storage
+    store = SlowPut(storage)
+    monkeypatch.setattr(storage.objects, "put", store)
 
     async def scenario() -> tuple[httpx.Response, bool, httpx.Response]:
         transport = httpx.ASGITransport(app=app)
@@ -186,3 +192,4 @@ def test_an_upload_commit_does_not_stop_the_event_loop(tmp_path: Path) -> None:
     healthz, during, uploaded = asyncio.run(scenario())
     assert healthz.status_code == 200 and during  # answered while the commit still ran
     assert uploaded.status_code == 200 and uploaded.json()["purpose"] == "batch"
+    assert storage.get(uploaded.json()["id"], "team-a") is not None

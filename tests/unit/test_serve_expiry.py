@@ -1,29 +1,27 @@
 """Expiration policies in `qbatch serve`: `expires_after` on an upload and
 `output_expires_after` on a batch (`producer.serve.expiry`), driven through the real
-`openai` SDK against the app in process (no Kafka or Redis: every request here is
-answered before either would be reached). An expired file is a 404, is not listed, and
-its bytes are removed by the sweep (reads never delete).
+`openai` SDK against the app in process (its Redis fakeredis, no Kafka: every request
+here is answered before Kafka would be reached). The store's time is a `Clock` the test
+moves. An expired file is a 404, is not listed, and its bytes are removed by the sweep
+(reads never delete).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-import producer.serve.storage
-import producer.serve.stored_file
 from producer.serve.errors import ApiError
 from producer.serve.expiry import MAX_SECONDS, MIN_SECONDS, form_policy, policy_seconds
-from producer.serve.local_store import LocalStorage
+from producer.serve.storage import FileStore
 from tests.serve_fixtures import KEY_A, offline_app
+from tests.storage_fixtures import Backend, Clock, put_bytes
 
 LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
 
@@ -96,18 +94,15 @@ def sdk_run(app: Any, scenario: Callable[[openai.AsyncOpenAI], Coroutine[Any, An
     return asyncio.run(go())
 
 
-def later(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """The storage's clock moved on by `seconds` (only its own modules' `time`)."""
-    real = time.time
-    moved = SimpleNamespace(time=lambda: real() + seconds)
-    for module in (producer.serve.storage, producer.serve.stored_file):
-        monkeypatch.setattr(module, "time", moved)
+def object_names(storage: FileStore) -> list[str]:
+    """The object keys under `files/`, seen from outside the store."""
+    return sorted(key for key, _ in storage.objects.listing("files/"))
 
 
-def test_an_upload_expires_after_its_policy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    app = offline_app(tmp_path / "files")
+def test_an_upload_expires_after_its_policy(tmp_path: Path) -> None:
+    clock = Clock()
+    app = offline_app(tmp_path / "files", clock=clock)
+    storage: FileStore = app.state.serve.storage
 
     async def upload(client: openai.AsyncOpenAI) -> Any:
         kept = await client.files.create(file=("keep.jsonl", LINE), purpose="batch")
@@ -121,10 +116,10 @@ def test_an_upload_expires_after_its_policy(
     kept, brief, seen = sdk_run(app, upload)
     assert kept.expires_at is None
     assert brief.expires_at == brief.created_at + 3600 and seen.expires_at == brief.expires_at
-    data = tmp_path / "files" / "files" / f"{brief.id}.data"
-    assert data.exists()
+    record = storage.records.get(brief.id)
+    assert record is not None and record.object in object_names(storage)
 
-    later(monkeypatch, 3601)
+    clock.now = brief.expires_at  # due from its expires_at on
 
     async def after(client: openai.AsyncOpenAI) -> Any:
         listed = [f.id async for f in client.files.list()]
@@ -132,13 +127,17 @@ def test_an_upload_expires_after_its_policy(
             await client.files.retrieve(brief.id)
         with pytest.raises(openai.NotFoundError):
             await client.files.content(brief.id)
+        with pytest.raises(openai.NotFoundError):
+            await client.files.delete(brief.id)
         return listed
 
     assert sdk_run(app, after) == [kept.id]
-    assert data.exists()  # hidden; reads never delete
-    monkeypatch.undo()
-    assert app.state.serve.storage.sweep_expired(brief.expires_at) == 1
-    assert not data.exists()
+    assert storage.records.get(brief.id) == record  # hidden; reads never delete
+    assert record.object in object_names(storage)
+    assert storage.sweep_expired() == 1
+    assert storage.records.get(brief.id) is None
+    assert record.object not in object_names(storage)
+    assert storage.records.get(kept.id) is not None and len(object_names(storage)) == 1
 
 
 def test_a_bad_upload_policy_is_a_400_and_nothing_is_kept(tmp_path: Path) -> None:
@@ -155,7 +154,8 @@ def test_a_bad_upload_policy_is_a_400_and_nothing_is_kept(tmp_path: Path) -> Non
 
     error, listed = sdk_run(app, upload)
     assert error.body["param"] == "expires_after.seconds" and listed == []
-    assert list((tmp_path / "files" / "files").iterdir()) == []
+    storage: FileStore = app.state.serve.storage
+    assert object_names(storage) == [] and storage.usage("team-a") == 0
     assert list((tmp_path / "files" / "tmp").iterdir()) == []
 
 
@@ -199,21 +199,19 @@ def test_a_batch_whose_input_expires_within_its_window_is_refused(tmp_path: Path
 # ---------------------------------------------------------------- the sweep
 
 
-def test_the_sweep_removes_every_tenants_expired_files_and_only_those(tmp_path: Path) -> None:
-    store = LocalStorage(tmp_path)
-
-    def put(tenant: str, expires_after_s: int | None) -> str:
-        src = store.tmp / "x.jsonl"
-        src.write_bytes(LINE)
-        return store.put(
-            src, tenant=tenant, filename="x", purpose="batch", expires_after_s=expires_after_s
-        ).id
-
-    gone = [put("a", 3600), put("b", 3600)]
-    kept = [put("a", None), put("b", 7200)]
-    assert store.sweep_expired(time.time() + 10) == 0
-    assert store.sweep_expired(time.time() + 3700) == 2
-    names = {p.name for p in store.files.iterdir()}
-    assert not any(fid in name for fid in gone for name in names)
-    assert all(f"{fid}.data" in names for fid in kept)
-    assert [f.id for f in store.list("a")[0]] == [kept[0]]
+def test_the_sweep_removes_every_tenants_expired_files_and_only_those(backend: Backend) -> None:
+    store, clock = backend.storage, backend.clock
+    start = clock.now
+    gone = [put_bytes(store, LINE, tenant=t, expires_after_s=3600) for t in ("a", "b")]
+    kept = [
+        put_bytes(store, LINE, tenant="a"),
+        put_bytes(store, LINE, tenant="b", expires_after_s=7200),
+    ]
+    clock.now = start + 10
+    assert store.sweep_expired() == 0
+    clock.now = start + 3700
+    assert store.sweep_expired() == 2
+    assert backend.stored_names() == sorted(f.object for f in kept)
+    assert all(store.records.get(f.id) is None for f in gone)
+    assert [f.id for f in store.list("a")[0]] == [kept[0].id]
+    assert [f.id for f in store.list("b")[0]] == [kept[1].id]
