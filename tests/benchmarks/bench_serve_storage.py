@@ -33,7 +33,7 @@ from typing import Any
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2]))
 
-from producer.serve.lease import Lease  # noqa: E402
+from producer.serve.lease import Lease, LeaseKeeper  # noqa: E402
 from producer.serve.storage import FileStore  # noqa: E402
 from producer.serve.storage_url import open_storage  # noqa: E402
 from schemas.keys import RedisKeys  # noqa: E402
@@ -147,11 +147,17 @@ def main() -> int:
     prefixes: list[str] = []
 
     def lease() -> Lease:
+        """A prefix's lease, renewed while the benchmark runs (filling takes minutes)."""
         prefixes.append(f"bench-storage-{uuid.uuid4().hex[:8]}")
-        return Lease.acquire(client, RedisKeys(prefixes[-1]), wait_s=0)
+        held = Lease.acquire(client, RedisKeys(prefixes[-1]), wait_s=0)
+        keeper = LeaseKeeper(held, on_lost=lambda: None)
+        keeper.start()
+        stack.callback(keeper.stop)
+        return held
 
     rows = []
-    with ExitStack() as stack:
+    stack = ExitStack()
+    with stack:
         for n in args.files:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             store = open_storage(str(root), lease())

@@ -21,6 +21,7 @@ from producer.serve.storage import FileStore, StorageFull
 from tests.serve_fixtures import KEY_B, offline_app
 from tests.storage_fixtures import Backend, put_bytes, upload_bytes
 from tests.unit.test_serve_expiry import sdk_run
+from worker.failpoints import FailpointError, armed
 
 LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
 
@@ -47,29 +48,17 @@ def test_usage_counts_a_tenants_uploads_and_outputs(backend: Backend) -> None:
     assert storage.usage("a") == sum(f.bytes for f in storage.list("a")[0])
 
 
-class Killed(Exception):
-    """The server dies here."""
-
-
-def test_a_server_killed_mid_delete_leaves_nothing_counted(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Killed after the record went, before its bytes did: the file is gone (a retried
-    DELETE is a 404) and its bytes no longer count; what is left is an object no record
-    names (the orphan sweep's)."""
+def test_a_server_killed_mid_delete_leaves_nothing_counted(backend: Backend) -> None:
+    """Killed after the record went, before its bytes did (the `serve_delete_bytes`
+    failpoint): the file is gone (a retried DELETE is a 404) and its bytes no longer
+    count; what is left is an object no record names (the orphan sweep's)."""
     storage = backend.storage
     gone = upload_bytes(storage, b"{}\n" * 10)  # 30 bytes
     upload_bytes(storage, b"{}\n" * 2)  # 6
     stored = storage.get(gone, "a")
     assert stored is not None
-
-    def killed(_key: str) -> None:
-        raise Killed
-
-    monkeypatch.setattr(storage.objects, "delete", killed)
-    with pytest.raises(Killed):
+    with armed(f"serve_delete_bytes={gone}"), pytest.raises(FailpointError):
         storage.delete(gone, "a")
-    monkeypatch.undo()  # a restarted server
     assert storage.get(gone, "a") is None and storage.delete(gone, "a") is False
     assert storage.usage("a") == 6
     assert stored.object in backend.stored_names()  # left for the orphan sweep
