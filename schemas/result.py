@@ -121,14 +121,29 @@ class ToolCallError(ResultModel):
 
 
 class Timings(ResultModel):
-    """Epoch milliseconds, and the spans derived from them."""
+    """Epoch milliseconds at each stage a request passed, and the spans between them, so
+    an operator sees which stage held a request: `queue_ms` (in Kafka), `batch_wait_ms`
+    (in the worker until its micro-batch was dispatched), `admission_ms` (the batch's
+    dedupe/cancel look-up), `render_ms` (its batch rendered), `engine_wait_ms` (in the
+    engine's queue until first scheduled), `prefill_ms` (scheduled to first token),
+    `generation_ms` (first token to finished), `inference_ms` (dispatched to finished).
+    A stage an engine cannot tell (first scheduled, first token) is left out."""
 
     submitted: int | None = None
     dequeued: int | None = None
     dispatched: int | None = None
+    admitted: int | None = None
+    engine_submitted: int | None = None
+    scheduled: int | None = None
+    first_token: int | None = None
     finished: int | None = None
     queue_ms: float | None = None
     batch_wait_ms: float | None = None
+    admission_ms: float | None = None
+    render_ms: float | None = None
+    engine_wait_ms: float | None = None
+    prefill_ms: float | None = None
+    generation_ms: float | None = None
     inference_ms: float | None = None
 
     @classmethod
@@ -139,16 +154,42 @@ class Timings(ResultModel):
         dequeued: int | None,
         dispatched: int | None,
         finished: int | None,
+        admitted: int | None = None,
+        engine_submitted: int | None = None,
+        scheduled: int | None = None,
+        first_token: int | None = None,
     ) -> Timings:
         return cls(
             submitted=submitted,
             dequeued=dequeued,
             dispatched=dispatched,
+            admitted=admitted,
+            engine_submitted=engine_submitted,
+            scheduled=scheduled,
+            first_token=first_token,
             finished=finished,
             queue_ms=_span(submitted, dequeued),
             batch_wait_ms=_span(dequeued, dispatched),
+            admission_ms=_span(dispatched, admitted),
+            render_ms=_span(admitted, engine_submitted),
+            engine_wait_ms=_span(engine_submitted, scheduled),
+            prefill_ms=_span(scheduled, first_token),
+            generation_ms=_span(first_token, finished),
             inference_ms=_span(dispatched, finished),
         )
+
+    def stages_ms(self) -> dict[str, float]:
+        """The spans that are known, by stage name (for the stage histogram)."""
+        spans = {
+            "queue": self.queue_ms,
+            "batch_wait": self.batch_wait_ms,
+            "admission": self.admission_ms,
+            "render": self.render_ms,
+            "engine_wait": self.engine_wait_ms,
+            "prefill": self.prefill_ms,
+            "generation": self.generation_ms,
+        }
+        return {k: v for k, v in spans.items() if v is not None}
 
 
 def _span(a: int | None, b: int | None) -> float | None:

@@ -108,6 +108,28 @@ class WorkerSettings(ConnectionSettings):
         description="At most this many records of lanes below the first in flight (default "
         "3/4 of max_inflight: interactive requests always find room).",
     )
+    engine_gate: bool = Field(
+        True,
+        description="Keep requests of lanes below the first under the engine's capacity less "
+        "a reserve (worker/engine_gate.py), so a first-lane request never waits for a bulk "
+        "request to finish; off: every request goes straight into the engine.",
+    )
+    engine_reserve_slots: int = Field(
+        16, ge=0, description="Engine slots (max_num_seqs) worse lanes leave to the first."
+    )
+    engine_reserve_fraction: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="Share of the engine's KV-cache tokens worse lanes leave to the first.",
+    )
+    cancel_poll_s: float = Field(
+        0.5,
+        ge=0,
+        description="How often the jobs of requests held or in the engine are checked for a "
+        "cancel (their lines are then answered `cancelled`, the engine's aborted); 0: only "
+        "at admission.",
+    )
     bulk_min_inflight: int | None = Field(
         None,
         ge=0,

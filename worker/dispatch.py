@@ -3,8 +3,16 @@
 Admission is one look-up in the dedupe store per batch (answered already? job
 cancelled?); a request past its deadline is answered `expired` without GPU time. Each
 request is rendered on its own, so one that cannot run (unknown model, over the context,
-a template that chokes) is answered `failed` and costs its batch nothing. The engine
-answers through a callback from its own threads, which only hands over to the writer.
+a template that chokes) is answered `failed` and costs its batch nothing. Requests of
+worse lanes go into the engine only while they leave the best lane room
+(`worker.engine_gate`); the rest wait here. The engine answers through a callback from
+its own threads, which only hands over to the writer (and lets held requests in).
+
+A cancel stops within `cancel_poll_s` (`watch_cancels`, on a thread of its own): the
+jobs of the requests held here or in the engine are looked up; a cancelled job's held
+requests are answered `cancelled` at once, and its requests in the engine are aborted
+(waiting or generating; one that finished first keeps its answer) and answered
+`cancelled`. Records not dispatched yet meet the cancel at admission.
 """
 
 from __future__ import annotations
@@ -13,12 +21,13 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
 from schemas import ContractError, ErrorCode, ErrorInfo, RequestEnvelope, Status, WorkerInfo
 from schemas.ref import RequestRef
 from worker import failpoints, metrics
+from worker.engine_gate import Capacity, EngineGate, Reserve
 from worker.engines.base import Engine, EngineOutput, EngineRequest
 from worker.logs import log
 from worker.records import DispatchQueue, Finished, Inbound, Reply, Running
@@ -37,6 +46,7 @@ from worker.sinks.retrying import GiveUp, retrying
 from worker.supervision import Suspect
 from worker.tool_loop import routing
 
+DEFAULT_RESERVE = Reserve()
 LANE_PRIORITY_STRIDE = 2**32
 """Engine priority = (2 * lane rank + fresh) * stride + request priority, `fresh` 0 for a
 tool loop's continuation and 1 otherwise: every request of a better lane runs before any
@@ -66,7 +76,14 @@ class Dispatcher:
         dead_letter: Callable[[Inbound, ContractError], None],
         stall_s: float = 120.0,
         budget: ResultBudget | None = None,
+        reserve: Reserve | None = DEFAULT_RESERVE,
+        cancel_poll_s: float = 0.5,
     ) -> None:
+        self._reserve = reserve
+        self._gate: EngineGate | None = None
+        self._cancel_poll_s = cancel_poll_s
+        self._cancelled: dict[str, None] = {}
+        """Jobs seen cancelled (the last `_CANCELLED_KEPT`, oldest first)."""
         self._stall_s = stall_s
         self._budget = budget or ResultBudget(2**62)
         self.engine = engine
@@ -86,14 +103,22 @@ class Dispatcher:
         self.current: list[Inbound] = []
 
     def run(self) -> None:
-        while True:
-            batch = self.inbox.get()
-            if batch is None:
-                return
-            self.current = batch.items
-            failpoints.hit("dispatch", [item.envelope.request_id for item in batch.items])
-            self.admit_and_submit(batch.items)
-            self.current = []
+        done = threading.Event()
+        if self.store is not None and self._cancel_poll_s > 0:
+            threading.Thread(
+                target=self.watch_cancels, args=(done,), name="qbatch-cancels", daemon=True
+            ).start()
+        try:
+            while True:
+                batch = self.inbox.get()
+                if batch is None:
+                    return
+                self.current = batch.items
+                failpoints.hit("dispatch", [item.envelope.request_id for item in batch.items])
+                self.admit_and_submit(batch.items)
+                self.current = []
+        finally:
+            done.set()
 
     def suspects(self) -> list[Suspect]:
         return [item.record.suspect() for item in self.current]
@@ -102,17 +127,27 @@ class Dispatcher:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def gate(self) -> EngineGate:
+        """Built on first use: the engine's capacity is known once it has started."""
+        if self._gate is None:
+            slots, tokens = self.engine.capacity() if self._reserve else (None, None)
+            self._gate = EngineGate(Capacity(slots, tokens), self._reserve or Reserve(0, 0))
+        return self._gate
+
     # ------------------------------------------------------------------ one batch
 
     def admit_and_submit(self, items: Sequence[Inbound]) -> None:
+        dispatched_ms = _epoch_ms()
         admission = self._admission(items)
         if admission is None:  # stopping while the store is down: hand the batch back
             return
+        admitted_ms = _epoch_ms()
         batch_id = f"{self._worker_id}-{next(self._batch_seq)}"
         now = datetime.now(UTC)
         requests: list[EngineRequest] = []
+        offers: list[tuple[EngineRequest, bool, int]] = []
         runs: list[Running] = []
-        dispatched_ms = _epoch_ms()
         renderer = self._renderer()
         for item in items:
             env = item.envelope
@@ -171,11 +206,13 @@ class Dispatcher:
                 )
                 continue
             key = str(next(self._keys))
-            run = Running(item, rendered, dispatched_ms)
+            run = Running(item, rendered, dispatched_ms, admitted_ms=admitted_ms)
             self._running[key] = run
             runs.append(run)
             lane = env.loop.lane if env.loop is not None and env.loop.lane else item.lane
-            requests.append(rendered.engine_request(key, engine_priority(self._rank(lane), env)))
+            rank = self._rank(lane)
+            requests.append(rendered.engine_request(key, engine_priority(rank, env)))
+            offers.append((requests[-1], rank == 0, _kv_cost(requests[-1], rendered.prompt_tokens)))
         shared = self._worker_info(batch_id, len(runs))
         for run in runs:
             run.worker = shared
@@ -188,10 +225,28 @@ class Dispatcher:
                 self._running.pop(request.key, None)
             return
         log.debug("batch_dispatched", batch_id=batch_id, size=len(requests))
+        self._submit(self.gate.offer(offers))
+
+    def _submit(self, requests: list[EngineRequest]) -> None:
+        """Into the engine now (from this thread, or an engine thread letting held ones in)."""
+        if self._cancelled:  # held while their job was cancelled: never go in
+            stale = [r for r in requests if self._job_of(r.key) in self._cancelled]
+            for request in stale:
+                run = self._running.pop(request.key, None)
+                if run is not None:
+                    self._cancel(run.inbound, run.inbound.envelope.job_id or "")
+            requests = [r for r in requests if r not in stale]
+        if not requests:
+            return
+        submitted_ms = _epoch_ms()
+        for request in requests:
+            run = self._running.get(request.key)
+            if run is not None:
+                run.engine_submitted_ms = submitted_ms
         try:
             self.engine.submit(requests, self.on_engine_done)
         except Exception as exc:
-            log.exception("engine_submit_failed", batch_id=batch_id)
+            log.exception("engine_submit_failed", size=len(requests))
             for request in requests:
                 self.on_engine_done(
                     EngineOutput(request.key, "", 0, 0, "error", error=f"engine refused: {exc}")
@@ -231,10 +286,63 @@ class Dispatcher:
             return None
 
     def on_engine_done(self, output: EngineOutput) -> None:
-        """Runs on an engine thread: hand over and return, the writer does the work."""
+        """Runs on an engine thread: hand over and return, the writer does the work; held
+        requests that now fit go in."""
         run = self._running.pop(output.key, None)
         if run is not None:
-            self.outbox.put(Finished(run, output, _epoch_ms()))
+            job = run.inbound.envelope.job_id
+            if output.finish == "abort" and job is not None and job in self._cancelled:
+                self._cancel(run.inbound, job)
+            else:
+                self.outbox.put(Finished(run, output, _epoch_ms()))
+        if self._gate is not None:
+            self._submit(self._gate.done(output.key))
+
+    # ------------------------------------------------------------------ cancels
+
+    def watch_cancels(self, done: threading.Event) -> None:
+        """Every `cancel_poll_s`: the jobs of the requests held or in the engine, looked
+        up; a cancelled one's are stopped (`stop_jobs`). A failed look-up waits for the
+        next tick (admission still catches what is dispatched later)."""
+        while not done.wait(self._cancel_poll_s):
+            jobs = {r.inbound.envelope.job_id for r in list(self._running.values())}
+            jobs.discard(None)
+            if not jobs or self.store is None:
+                continue
+            try:
+                cancelled = self.store.cancelled_jobs(sorted(j for j in jobs if j))
+            except Exception:
+                log.warning("cancel_lookup_failed", exc_info=True)
+                continue
+            if cancelled:
+                self.stop_jobs(cancelled)
+
+    def stop_jobs(self, jobs: Iterable[str]) -> None:
+        """Answer a cancelled job's held requests `cancelled`, abort those in the engine."""
+        wanted = set(jobs)
+        for job in wanted:
+            self._cancelled[job] = None
+        while len(self._cancelled) > _CANCELLED_KEPT:
+            del self._cancelled[next(iter(self._cancelled))]
+        runs = {k: r for k, r in list(self._running.items()) if r.inbound.envelope.job_id in wanted}
+        if not runs:
+            return
+        held = self.gate.drop(lambda request: request.key in runs)
+        for request in held:
+            run = self._running.pop(request.key, None)
+            if run is not None:
+                self._cancel(run.inbound, run.inbound.envelope.job_id or "")
+        inside = [k for k in runs if k not in {r.key for r in held}]
+        log.info("job_cancel_stopping", jobs=sorted(wanted), held=len(held), engine=len(inside))
+        if inside:
+            self.engine.abort(inside)
+
+    def _job_of(self, key: str) -> str | None:
+        run = self._running.get(key)
+        return None if run is None else run.inbound.envelope.job_id
+
+    def _cancel(self, item: Inbound, job: str) -> None:
+        self.finish(item, ErrorCode.cancelled, f"job {job} was cancelled", status=Status.cancelled)
 
     # ------------------------------------------------------------------ answers
 
@@ -265,6 +373,14 @@ class Dispatcher:
         reply = Reply(item.tp, item.offset, item.record, result, env.result_ttl_s)
         reply.lane, reply.isolate, reply.epoch = item.lane, item.isolate, item.epoch
         self.outbox.put(reply)
+
+
+_CANCELLED_KEPT = 1024
+
+
+def _kv_cost(request: EngineRequest, prompt_tokens: int) -> int:
+    """The KV-cache tokens a request can grow to: its prompt and every choice's output."""
+    return prompt_tokens + request.sampling.max_tokens * max(1, request.sampling.n)
 
 
 def _epoch_ms() -> int:

@@ -83,6 +83,15 @@ INFERENCE_LATENCY = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+STAGE_SECONDS = Histogram(
+    "qbatch_stage_seconds",
+    "Time a request spent in each stage, per lane: queue (in Kafka), batch_wait (in the "
+    "worker until dispatched), admission, render, engine_wait (in the engine's queue), "
+    "prefill (to the first token), generation (to finished), write (finished to written).",
+    ["stage", "lane"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 E2E_LATENCY = Histogram(
     "qbatch_end_to_end_latency_seconds",
     "Producer submit until the result is in Redis.",

@@ -104,6 +104,10 @@ class Running:
     rendered: RenderedPrompt
     dispatched_ms: int
     worker: WorkerInfo | None = None
+    admitted_ms: int | None = None
+    """When its batch's admission look-up answered."""
+    engine_submitted_ms: int | None = None
+    """When its batch went to the engine (after every request of it was rendered)."""
     """Shared by the whole micro-batch; set once its size is known."""
 
 

@@ -39,6 +39,10 @@ def finished_result(
         submitted=submitted_ms(env),
         dequeued=run.inbound.dequeued_ms,
         dispatched=run.dispatched_ms,
+        admitted=run.admitted_ms,
+        engine_submitted=run.engine_submitted_ms,
+        scheduled=output.scheduled_ms,
+        first_token=output.first_token_ms,
         finished=item.finished_ms,
     )
     worker = run.worker or worker

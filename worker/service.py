@@ -28,6 +28,7 @@ from worker.commits import Committer, ConsumerCommitter, TransactionalCommitter
 from worker.config import WorkerSettings
 from worker.dead_letters import DeadLetters
 from worker.dispatch import Dispatcher
+from worker.engine_gate import Reserve
 from worker.engines.base import Engine
 from worker.health import ServiceState as WorkerState
 from worker.intake import Intake
@@ -110,6 +111,10 @@ class Worker:
             dead_letter=lambda item, error: self.intake.dead_letter(item.record, error),
             stall_s=settings.redis_stall_timeout_s,
             budget=budget,
+            reserve=Reserve(settings.engine_reserve_slots, settings.engine_reserve_fraction)
+            if settings.engine_gate
+            else None,
+            cancel_poll_s=settings.cancel_poll_s,
         )
         self.writer = Writer(
             self.sinks,

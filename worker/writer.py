@@ -379,6 +379,11 @@ def _observe(result: ResultEnvelope, now_ms: int, lane: str) -> None:
         e2e = max(0, now_ms - t.submitted) / 1000
         metrics.E2E_LATENCY.observe(e2e)
         metrics.labelled(metrics.LANE_LATENCY, lane).observe(e2e)
+    for stage, ms in t.stages_ms().items():
+        metrics.labelled(metrics.STAGE_SECONDS, stage, lane).observe(max(0.0, ms) / 1000)
+    if t.finished is not None:
+        write = max(0, _epoch_ms() - t.finished) / 1000
+        metrics.labelled(metrics.STAGE_SECONDS, "write", lane).observe(write)
 
 
 def _epoch_ms() -> int:

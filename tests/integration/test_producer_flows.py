@@ -257,6 +257,15 @@ def test_collect_timeout_writes_what_finished(lane: Lane, tmp_path: Path, worker
         qbatch(lane, "-q", "bulk", "cancel", "slow")
 
 
+def submit_and_wait_for(lane: Lane, src: Path, job: str, *, succeeded: int) -> None:
+    """`bulk submit` the file as `job`, then poll until that many lines succeeded."""
+    assert qbatch(lane, "-q", "bulk", "submit", str(src), "--job", job).returncode == 0
+    deadline = time.monotonic() + 60
+    while int(job_hash(lane, job).get("succeeded", 0)) < succeeded:
+        assert time.monotonic() < deadline, job_hash(lane, job)
+        time.sleep(0.05)
+
+
 def test_bulk_cancel_mid_job(lane: Lane, tmp_path: Path, worker_log: Path) -> None:
     n = 2_000
     src = write_openai(tmp_path / "in.jsonl", n)
@@ -271,10 +280,7 @@ def test_bulk_cancel_mid_job(lane: Lane, tmp_path: Path, worker_log: Path) -> No
         "16",
         log=worker_log,
     ):
-        assert qbatch(lane, "-q", "bulk", "submit", str(src), "--job", "cx").returncode == 0
-        deadline = time.monotonic() + 60
-        while int(job_hash(lane, "cx").get("succeeded", 0)) < 50 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        submit_and_wait_for(lane, src, "cx", succeeded=50)
         cancel = qbatch(lane, "--json", "bulk", "cancel", "cx")
         assert cancel.returncode == 0, cancel.stderr
         assert json.loads(cancel.stdout)["status"] in ("cancelling", "cancelled")
@@ -300,6 +306,43 @@ def test_bulk_cancel_mid_job(lane: Lane, tmp_path: Path, worker_log: Path) -> No
     assert h["status"] == "cancelled"
     assert int(h["succeeded"]) == len(ok) and int(h["cancelled"]) == len(bad)
     assert len(bad) > n // 2  # most of it never ran
+
+
+def test_a_cancel_stops_the_job_within_seconds(
+    lane: Lane, tmp_path: Path, worker_log: Path
+) -> None:
+    """Every line the worker holds (up to its bulk cap: all 600 here) is answered
+    `cancelled` within seconds of the cancel, and the engine's waiting ones are aborted:
+    only the 8 "generating" in the echo engine (concurrency 8, 1 s each) may finish. Before,
+    only admission looked at the cancel mark, so all ~580 taken lines ran: ~73 s."""
+    n = 600
+    src = write_openai(tmp_path / "in.jsonl", n)
+    with echo_worker(
+        lane,
+        "--echo-delay-ms",
+        "1000",
+        "--echo-concurrency",
+        "8",
+        "--batch-max-size",
+        "16",
+        log=worker_log,
+    ):
+        submit_and_wait_for(lane, src, "cq", succeeded=16)
+        before = int(job_hash(lane, "cq").get("succeeded", 0))
+        cancelled_at = time.monotonic()
+        assert qbatch(lane, "-q", "bulk", "cancel", "cq").returncode == 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            h = job_hash(lane, "cq")
+            if sum(int(h.get(k, 0)) for k in ("succeeded", "failed", "cancelled")) == n:
+                break
+            time.sleep(0.05)
+        took = time.monotonic() - cancelled_at
+    h = job_hash(lane, "cq")
+    ran_after = int(h["succeeded"]) - before
+    assert int(h["succeeded"]) + int(h.get("cancelled", 0)) == n, h
+    assert ran_after <= 16, (ran_after, h)  # the 8 generating, and 8 finishing as it came
+    assert took < 15, took  # every line answered; before the fix ~73 s
 
 
 def test_bad_lines_dry_run_and_real_run(lane: Lane, tmp_path: Path, worker_log: Path) -> None:

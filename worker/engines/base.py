@@ -113,6 +113,10 @@ class EngineOutput:
     cached_tokens: int | None = None
     """Prompt tokens served from the prefix cache (vLLM's count)."""
     others: list[EngineSample] = field(default_factory=list)
+    scheduled_ms: int | None = None
+    """Epoch ms when the engine first scheduled it (None: the engine cannot tell)."""
+    first_token_ms: int | None = None
+    """Epoch ms of its first generated token (None: the engine cannot tell)."""
 
     @property
     def total_completion_tokens(self) -> int:
@@ -255,6 +259,15 @@ class Engine(abc.ABC):
 
     def stats(self) -> EngineStats:
         return EngineStats()
+
+    def capacity(self) -> tuple[int | None, int | None]:
+        """(requests it runs at once, KV-cache tokens): what `worker.engine_gate` keeps
+        worse lanes under; (None, None) for an engine that takes whatever it is given."""
+        return None, None
+
+    def abort(self, keys: Sequence[str]) -> None:  # noqa: B027 - optional hook
+        """Stop these requests if the engine can (a cancelled job's): each still gets one
+        `on_done`, with finish "abort" when it was stopped. Default: nothing stops."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop background loops; outstanding requests may be abandoned."""

@@ -145,6 +145,21 @@ class EchoEngine(Engine):
                 heapq.heappush(self._waiting, item)
             self._cond.notify()
 
+    def capacity(self) -> tuple[int | None, int | None]:
+        return (self._concurrency or None), None
+
+    def abort(self, keys: Sequence[str]) -> None:
+        """Requests still waiting (not "generating") finish at once with "abort"; those
+        running finish as they would."""
+        wanted = set(keys)
+        with self._cond:
+            gone = [w for w in self._waiting if w[2].key in wanted]
+            if gone:
+                self._waiting = [w for w in self._waiting if w[2].key not in wanted]
+                heapq.heapify(self._waiting)
+        for _, _, output, on_done in gone:
+            on_done(EngineOutput(output.key, "", 0, 0, "abort"))
+
     def _admit(self, now: float) -> None:
         """Waiting -> running while there is room (caller holds the lock)."""
         while self._waiting and (self._concurrency <= 0 or len(self._running) < self._concurrency):

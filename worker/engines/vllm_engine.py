@@ -18,6 +18,7 @@ Explicit `--max-num-seqs` / `--max-num-batched-tokens` still win.
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -35,6 +36,13 @@ from worker.engines.base import (
     OnDone,
     SamplingSpec,
     TokenLogprob,
+)
+from worker.engines.vllm_stats import (
+    _StatsLogger,
+    combined_stats,
+    engine_times,
+    kv_cache_tokens,
+    max_num_seqs,
 )
 from worker.logs import log
 
@@ -215,12 +223,14 @@ def _to_output(
                 logprobs=logprobs,
             )
         )
-    return EngineOutput.of_samples(
+    output = EngineOutput.of_samples(
         key,
         samples,
         prompt_tokens=len(result.prompt_token_ids or ()),
         cached_tokens=getattr(result, "num_cached_tokens", None),
     )
+    output.scheduled_ms, output.first_token_ms = engine_times(getattr(result, "metrics", None))
+    return output
 
 
 def _prompt(request: EngineRequest) -> Any:
@@ -232,56 +242,6 @@ def _prompt(request: EngineRequest) -> Any:
     if request.cache_salt is not None:
         prompt["cache_salt"] = request.cache_salt
     return prompt
-
-
-class _StatsLogger:
-    """Keeps one engine's last scheduler stats for the worker's metrics (vLLM's per-engine
-    stat-logger API). Each VllmEngine hands vLLM a factory bound to its own store, keyed
-    by vLLM's engine index: two engines in one process (the two-worker benchmark) or a
-    data-parallel AsyncLLM must not read each other's queue depth, as they did when the
-    last stats lived on the class."""
-
-    def __init__(self, store: dict[int, Any], engine_index: int = 0) -> None:
-        self._store = store
-        self.engine_index = engine_index
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kw: Any) -> None:
-        if scheduler_stats is not None:
-            self._store[self.engine_index] = scheduler_stats
-
-    def log_engine_initialized(self) -> None:
-        return
-
-    def log(self) -> None:
-        return
-
-    def record_sleep_state(self, is_awake: int, level: int) -> None:
-        return
-
-
-def combined_stats(latest: Sequence[Any]) -> EngineStats:
-    """One EngineStats from the last scheduler stats of each of an AsyncLLM's engines:
-    requests add up, the KV cache reads as its fullest engine's (the saturation signal
-    the alerts and the admission want)."""
-    if not latest:
-        return EngineStats()
-    return EngineStats(
-        kv_cache_usage=max(float(s.kv_cache_usage) for s in latest),
-        running=sum(int(s.num_running_reqs) for s in latest),
-        waiting=sum(int(s.num_waiting_reqs) for s in latest),
-    )
-
-
-def kv_cache_tokens(vllm_config: Any) -> int | None:
-    """The KV cache's capacity in tokens, known once vLLM has profiled the memory; None
-    where this version does not say. Two workers on one GPU each load the weights, so
-    each gets a fraction of one worker's cache (tests/benchmarks/RESULTS.md, session 14:
-    2 x 37,968 against 271,472 on an H100): the figure that explains such a setup."""
-    try:
-        cache = vllm_config.cache_config
-        return int(cache.num_gpu_blocks) * int(cache.block_size)
-    except (AttributeError, TypeError):
-        return None
 
 
 class VllmEngine(Engine):
@@ -300,7 +260,8 @@ class VllmEngine(Engine):
         self._llm: Any = None
         self._thread: threading.Thread | None = None
         self._static_q: queue.Queue[tuple[Sequence[EngineRequest], OnDone] | None] = queue.Queue()
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._max_num_seqs: int | None = None
         self._scheduler_stats: dict[int, Any] = {}
         """vLLM engine index -> its last SchedulerStats (_StatsLogger writes them)."""
 
@@ -348,6 +309,7 @@ class VllmEngine(Engine):
             )
             self._max_model_len = int(self._llm.model_config.max_model_len)
             self._kv_cache_tokens = kv_cache_tokens(getattr(self._llm, "vllm_config", None))
+            self._max_num_seqs = max_num_seqs(getattr(self._llm, "vllm_config", None))
             self._loop = asyncio.new_event_loop()
             target = self._run_loop
         else:
@@ -408,8 +370,32 @@ class VllmEngine(Engine):
     def _spawn(self, batch: list[EngineRequest], on_done: OnDone) -> None:
         for request in batch:
             task = asyncio.ensure_future(self._generate(request, on_done))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            self._inflight[request.key] = task
+            task.add_done_callback(functools.partial(self._forget, request.key))
+
+    def _forget(self, key: str, _task: asyncio.Task[None]) -> None:
+        self._inflight.pop(key, None)
+
+    def abort(self, keys: Sequence[str]) -> None:
+        """Cancel the requests' tasks on the engine's loop: vLLM's `generate` aborts a
+        request whose consumer is cancelled (waiting or generating), and `_generate`
+        answers it with finish "abort"."""
+        if self.mode != "continuous" or self._loop is None:
+            return
+        wanted = list(keys)
+
+        def cancel() -> None:
+            for key in wanted:
+                task = self._inflight.get(key)
+                if task is not None:
+                    task.cancel()
+
+        self._loop.call_soon_threadsafe(cancel)
+
+    def capacity(self) -> tuple[int | None, int | None]:
+        if self.mode != "continuous":
+            return None, None  # a static batch runs whole: nothing to keep room in
+        return self._max_num_seqs, self._kv_cache_tokens
 
     async def _generate(self, request: EngineRequest, on_done: OnDone) -> None:
         final = None
@@ -421,6 +407,9 @@ class VllmEngine(Engine):
                 priority=request.priority,
             ):
                 final = output
+        except asyncio.CancelledError:  # `abort`: vLLM has aborted the request
+            on_done(EngineOutput(request.key, "", 0, 0, "abort"))
+            return
         except Exception as exc:
             on_done(EngineOutput(request.key, "", 0, 0, "error", error=describe_error(exc)))
             return

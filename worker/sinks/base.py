@@ -81,6 +81,10 @@ class ReplySink(abc.ABC):
         """Results already written, as JSON bytes (dedupe store only)."""
         return {}
 
+    def cancelled_jobs(self, job_ids: Sequence[str]) -> frozenset[str]:
+        """Which of these jobs are cancelled (dedupe store only)."""
+        return frozenset()
+
     @abc.abstractmethod
     def write(
         self, replies: Sequence[Reply], now_ms: int, *, job_bookkeeping: bool = True

@@ -187,6 +187,20 @@ class RedisSink(ReplySink):
     def client(self) -> Any:
         return self._client
 
+    def cancelled_jobs(self, job_ids: Sequence[str]) -> frozenset[str]:
+        """One pipeline of EXISTS, one per job (each its own slot on a cluster)."""
+        if not job_ids:
+            return frozenset()
+
+        def look() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for job in job_ids:
+                pipe.exists(self._keys.job_cancel(job))
+            return list(pipe.execute())
+
+        hits = call(look)
+        return frozenset(job for job, hit in zip(job_ids, hits, strict=True) if hit)
+
     def admission(self, envelopes: Sequence[RequestEnvelope]) -> Admission:
         """One round trip per micro-batch, whatever its size; at most `RESULT_HEAD_BYTES`
         of each stored result are read (`schemas/lua/result_head.lua`)."""
