@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.benchmarks.bench_gpu_lanes_start import phase_lanes_start
 from tests.benchmarks.bench_gpu_latency import lone_latency, phase_lanes
 from tests.benchmarks.bench_knobs import (
     KNOB_WORKLOADS,
@@ -271,6 +272,7 @@ def main() -> None:
             "knob",
             "knobs-report",
             "lanes",
+            "lanes-start",
             "external",
             "report",
         ],
@@ -293,6 +295,11 @@ def main() -> None:
         default="default",
         help="lanes: the worker's bulk cap; a comma-separated list runs one worker per cap "
         'on the same engine ("default": the worker\'s own)',
+    )
+    parser.add_argument(
+        "--variants",
+        default="off,on",
+        help="lanes-start: the engine gate per worker run, side by side on one engine",
     )
     parser.add_argument(
         "--configs", default=",".join(KNOBS), help=f"knobs to run, of {', '.join(KNOBS)}"
@@ -350,7 +357,9 @@ def main() -> None:
     if args.phase == "external":
         phase_external(args.out, args.n, args.label, args.budget_s, args.warmup)
         return
-    if args.phase == "lanes":
+    if args.phase == "lanes-start":
+        phase_lanes_start(args.out, args.n, dry, args.warmup, args.variants.split(","))
+    elif args.phase == "lanes":
         caps = [None if c == "default" else int(c) for c in args.bulk_max_inflight.split(",")]
         phase_lanes(args.out, args.n, dry, args.warmup, args.every_s, caps)
     elif args.phase == "static":

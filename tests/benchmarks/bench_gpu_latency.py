@@ -131,10 +131,17 @@ def lone_latency(
 
 
 def interactive_loop(
-    run: str, topic: str, count: int | None, every_s: float, stop: threading.Event, tag: str
+    run: str,
+    topic: str,
+    count: int | None,
+    every_s: float,
+    stop: threading.Event,
+    tag: str,
+    sent: list[tuple[str, float]] | None = None,
 ) -> list[float]:
     """Interactive requests (256-token prompt, 64 tokens out) one at a time, every
-    `every_s`, on the interactive topic; seconds from send to result, each."""
+    `every_s`, on the interactive topic; seconds from send to result, each (`sent`: gets
+    each one's request id and send time, epoch s)."""
     from kafka import KafkaProducer
 
     rng = random.Random(7)
@@ -146,6 +153,8 @@ def interactive_loop(
         while not stop.is_set() and (count is None or i < count):
             req = Req(f"{tag}{i:04d}", [rng.randrange(100, VOCAB_TOP) for _ in range(256)], 64)
             t0 = time.monotonic()
+            if sent is not None:
+                sent.append((req.rid, time.time()))
             producer.send(topic, key=req.rid.encode(), value=json.dumps(envelope(req, i)).encode())
             producer.flush()
             r.blpop([keys_for(run).done(req.rid)], timeout=600)
