@@ -115,13 +115,22 @@ class WorkerSettings(ConnectionSettings):
         "request to finish; off: every request goes straight into the engine.",
     )
     engine_reserve_slots: int = Field(
-        16, ge=0, description="Engine slots (max_num_seqs) worse lanes leave to the first."
+        8,
+        ge=0,
+        description="Engine slots (max_num_seqs) worse lanes leave to the first (at most a "
+        "32nd of them).",
     )
     engine_reserve_fraction: float = Field(
-        0.05,
+        0.02,
         ge=0,
         lt=1,
         description="Share of the engine's KV-cache tokens worse lanes leave to the first.",
+    )
+    engine_reserve_hold_s: float = Field(
+        300.0,
+        ge=0,
+        description="The reserve holds while a first-lane request came within this long; "
+        "otherwise worse lanes may fill the engine.",
     )
     cancel_poll_s: float = Field(
         0.5,

@@ -9,8 +9,14 @@ is a whole bulk generation (5-12 s measured on an H100). So requests of worse la
 hold at most the engine's capacity less a reserve, counted in slots and in KV-cache
 tokens (a request's prompt plus its `max_tokens` for each choice: what it can grow to);
 past it they wait here, best priority first, and go in as engine requests finish.
-Requests of the best lane are never held. Pure bookkeeping, thread-safe: the
-dispatcher offers, engine threads report what finished, the cancel watch drops.
+Requests of the best lane are never held.
+
+The reserve idles when no best-lane request comes (a night of bulk alone), so it holds
+only while the best lane was seen within `Reserve.hold_s`; otherwise worse lanes may fill
+the engine's whole capacity. After a quiet spell the first best-lane request may wait for
+one bulk request to finish; from then on the reserve is back (bulk drains down to it as
+its requests finish). Pure bookkeeping, time injected, thread-safe: the dispatcher
+offers, engine threads report what finished, the cancel watch drops.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -35,11 +42,13 @@ class Capacity:
 
 @dataclass(frozen=True, slots=True)
 class Reserve:
-    """What worse lanes leave free for the best lane: `slots` (at most an eighth of the
-    engine's), and `fraction` of the KV-cache tokens."""
+    """What worse lanes leave free for the best lane: `slots` (at most a 32nd of the
+    engine's, at least one), and `fraction` of the KV-cache tokens, while the best lane
+    was seen within `hold_s`."""
 
-    slots: int = 16
-    fraction: float = 0.05
+    slots: int = 8
+    fraction: float = 0.02
+    hold_s: float = 300.0
 
 
 @dataclass(order=True, slots=True)
@@ -53,13 +62,19 @@ class _Held:
 class EngineGate:
     """See the module docstring. `cost(request)`: the KV tokens it may hold."""
 
-    def __init__(self, capacity: Capacity, reserve: Reserve) -> None:
-        slots = capacity.slots
-        # at most an eighth of a small engine's slots (an echo engine of 8 keeps 7)
-        kept = None if slots is None else min(reserve.slots, max(1, slots // 8))
-        self._slots = None if slots is None or kept is None else max(1, slots - kept)
-        tokens = capacity.tokens
-        self._tokens = None if tokens is None else max(1, int(tokens * (1 - reserve.fraction)))
+    def __init__(
+        self, capacity: Capacity, reserve: Reserve, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        slots, tokens = capacity.slots, capacity.tokens
+        self._full = (slots, tokens)
+        kept = None if slots is None else min(reserve.slots, max(1, slots // 32))
+        self._reserved = (
+            None if slots is None or kept is None else max(1, slots - kept),
+            None if tokens is None else max(1, int(tokens * (1 - reserve.fraction))),
+        )
+        self._hold_s = reserve.hold_s
+        self._clock = clock
+        self._best_seen: float | None = None
         self._lock = threading.Lock()
         self._inside: dict[str, int] = {}
         """Keys of worse-lane requests in the engine -> their cost."""
@@ -69,15 +84,19 @@ class EngineGate:
 
     @property
     def bounded(self) -> bool:
-        return self._slots is not None or self._tokens is not None
+        return self._full != (None, None)
+
+    def _limits(self) -> tuple[int | None, int | None]:
+        seen = self._best_seen
+        recent = seen is not None and self._clock() - seen < self._hold_s
+        return self._reserved if recent else self._full
 
     def _fits(self, cost: int) -> bool:
-        if self._slots is not None and len(self._inside) >= self._slots:
+        slots, tokens = self._limits()
+        if slots is not None and len(self._inside) >= slots:
             return False
         # (an empty engine takes one request whatever its cost)
-        return (
-            self._tokens is None or not self._inside or self._inside_tokens + cost <= self._tokens
-        )
+        return tokens is None or not self._inside or self._inside_tokens + cost <= tokens
 
     def offer(self, requests: Iterable[tuple[EngineRequest, bool, int]]) -> list[EngineRequest]:
         """(request, best lane?, cost) for each: those that go in now (the best lane's
@@ -85,6 +104,8 @@ class EngineGate:
         now: list[EngineRequest] = []
         with self._lock:
             for request, best, cost in requests:
+                if best:
+                    self._best_seen = self._clock()
                 if best or not self.bounded:
                     now.append(request)
                     continue

@@ -111,7 +111,11 @@ class Worker:
             dead_letter=lambda item, error: self.intake.dead_letter(item.record, error),
             stall_s=settings.redis_stall_timeout_s,
             budget=budget,
-            reserve=Reserve(settings.engine_reserve_slots, settings.engine_reserve_fraction)
+            reserve=Reserve(
+                settings.engine_reserve_slots,
+                settings.engine_reserve_fraction,
+                settings.engine_reserve_hold_s,
+            )
             if settings.engine_gate
             else None,
             cancel_poll_s=settings.cancel_poll_s,

@@ -110,7 +110,7 @@ def make(slots: int = 8) -> tuple[Dispatcher, HeldEngine, CancelStore, queue.Sim
         stopping=threading.Event(),
         health=SinkHealth(),
         dead_letter=lambda item, error: None,
-        reserve=Reserve(slots=16, fraction=0.05),
+        reserve=Reserve(slots=8, fraction=0.02),
         cancel_poll_s=0,
     )
     return dispatcher, engine, store, out
@@ -125,18 +125,20 @@ def drain(out: queue.SimpleQueue[Any]) -> list[Any]:
 
 def test_bulk_past_the_engines_room_waits_and_interactive_goes_in_at_once() -> None:
     dispatcher, engine, _store, out = make(slots=8)
+    dispatcher.admit_and_submit([inbound("i0", None, "interactive", 100)])  # lane about
     dispatcher.admit_and_submit([inbound(f"b{i}", "job", "bulk", i) for i in range(10)])
-    assert len(engine.inside) == 7 and len(dispatcher.gate.held()) == 3
-    dispatcher.admit_and_submit([inbound("i0", None, "interactive", 100)])
-    assert len(engine.inside) == 8  # no bulk request had to finish first
-    engine.finish(engine.order[0])
-    assert len(engine.inside) == 8 and len(dispatcher.gate.held()) == 2  # one held went in
-    (done,) = drain(out)
-    assert isinstance(done, Finished) and done.output.finish == "stop"
+    assert len(engine.inside) == 8 and len(dispatcher.gate.held()) == 3  # 7 bulk, 1 kept
+    dispatcher.admit_and_submit([inbound("i1", None, "interactive", 101)])
+    assert len(engine.inside) == 9  # no bulk request had to finish first
+    engine.finish("0")  # the first interactive request
+    engine.finish(engine.order[1])  # a bulk one: one held goes in
+    assert len(dispatcher.gate.held()) == 2
+    assert [o.output.finish for o in drain(out)] == ["stop", "stop"]
 
 
 def test_a_cancel_answers_held_lines_and_aborts_the_engines() -> None:
     dispatcher, engine, store, out = make(slots=8)
+    # no interactive request about: bulk may fill all 8 slots
     dispatcher.admit_and_submit([inbound(f"c{i}", "cx", "bulk", i) for i in range(10)])
     dispatcher.admit_and_submit([inbound("k0", "keep", "bulk", 50)])
     engine.finish(engine.order[0])  # finished before the cancel: its answer stands
@@ -146,11 +148,11 @@ def test_a_cancel_answers_held_lines_and_aborts_the_engines() -> None:
     finished = [o for o in outcomes if isinstance(o, Finished)]
     cancelled = [o for o in outcomes if isinstance(o, Reply)]
     assert len(finished) == 1 and finished[0].output.finish == "stop"
-    # c0 finished and let c7 in: 7 in the engine aborted, c8 and c9 held answered
+    # c0 finished and let c8 in: 8 in the engine aborted, c9 held answered
     assert len(cancelled) == 9
     assert {r.result.status for r in cancelled} == {Status.cancelled}
     assert {r.result.error.code.value for r in cancelled} == {"cancelled"}
-    assert len(engine.aborted) == 7 and not dispatcher.gate.held()
+    assert len(engine.aborted) == 8 and not dispatcher.gate.held()
     (left,) = engine.inside.values()  # the other job's request went in as they left
     assert left[0].key not in engine.aborted and dispatcher.running == 1
 
