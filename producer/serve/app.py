@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+import redis
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -198,6 +199,17 @@ def create_app(state: ServeState, *, run_batches: bool = True) -> FastAPI:
                 503,
                 "this server is stopping: another qbatch serve took over its Redis prefix; retry",
                 code="server_stopping",
+            )
+        )
+
+    @app.exception_handler(redis.exceptions.RedisError)
+    async def _redis_down(_request: Request, exc: redis.exceptions.RedisError) -> JSONResponse:
+        """Files' and batches' records live in Redis: while it is down, BUSY or LOADING,
+        a retryable 503 (the SDK retries it), not a 500."""
+        log.warning("serve: Redis unavailable: %s: %s", type(exc).__name__, exc)
+        return _json_error(
+            ApiError(
+                503, f"the queue is unavailable ({type(exc).__name__})", code="queue_unavailable"
             )
         )
 

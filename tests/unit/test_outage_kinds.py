@@ -74,6 +74,8 @@ def test_a_cluster_failing_over_is_an_outage_not_a_refusal(exc: Exception) -> No
         "WRONGTYPE Operation against a key holding the wrong kind of value",
         "value is not an integer or out of range",  # ERR, stripped by redis-py
         "Error running script (call to f_0123): @user_script:3: bad argument",
+        "Command # 2 (GET p:result:{r1}) of pipeline caused error: WRONGTYPE Operation "
+        "against a key holding the wrong kind of value",
     ],
 )
 def test_a_real_refusal_stays_a_refusal(text: str) -> None:
@@ -93,6 +95,9 @@ def test_a_real_refusal_stays_a_refusal(text: str) -> None:
         "NOREPLICAS Not enough good replicas to write.",
         "UNBLOCKED client unblocked via CLIENT UNBLOCK",
         "SOMENEWSTATE a code this release does not know",
+        # redis-py's cluster pipeline wraps the reply (mget_nonatomic on a cluster)
+        "Command # 1 (MGET p:result:{bad-434}) of pipeline caused error: BUSY Redis is busy "
+        "running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
     ],
 )
 def test_a_reply_that_says_not_now_is_an_outage(text: str) -> None:

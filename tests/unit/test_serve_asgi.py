@@ -162,3 +162,19 @@ def test_metrics_needs_its_token_when_one_is_set(tmp_path: Any) -> None:
         assert call(closed, "/metrics", iter([]), headers, **get).status == status, headers
     open_app = offline_app(tmp_path / "files2")
     assert call(open_app, "/metrics", iter([]), {}, **get).status == 200
+
+
+def test_redis_down_is_a_retryable_503_not_a_500(tmp_path: Any) -> None:
+    """Files' records live in Redis: a listing while it is unreachable answers 503
+    `queue_unavailable` (the SDK retries it), and the app serves again once it is back."""
+    import fakeredis
+
+    server = fakeredis.FakeServer()
+    app = offline_app(tmp_path / "files", redis_client=fakeredis.FakeRedis(server=server))
+    headers = {"authorization": f"Bearer {KEY}"}
+    assert call(app, "/v1/files", iter(()), headers, method="GET").status == 200
+    server.connected = False
+    down = call(app, "/v1/files", iter(()), headers, method="GET")
+    assert down.status == 503 and down.json()["error"]["code"] == "queue_unavailable"
+    server.connected = True
+    assert call(app, "/v1/files", iter(()), headers, method="GET").status == 200

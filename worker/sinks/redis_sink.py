@@ -64,6 +64,10 @@ same answer. Every other code names a state of the server that passes (BUSY: a s
 past `busy-reply-threshold`; MISCONF: a failed RDB or AOF write; LOADING, NOREPLICAS,
 MASTERDOWN, TRYAGAIN, CLUSTERDOWN, NOPERM, ...)."""
 _CODE = re.compile(r"[A-Z][A-Z_]+")
+_PIPELINE_ERROR = " of pipeline caused error: "
+"""How redis-py's cluster pipeline wraps a command's error reply (`Command # 1 (MGET k)
+of pipeline caused error: BUSY ...`): the code is after it (the CI chaos soak: a BUSY
+read through `mget_nonatomic` was taken for a refusal and stopped a writer)."""
 _ACL_IN_SCRIPT = "can't run this command"
 """A command inside a script refused by the ACL (plain ERR, not NOPERM): a permission
 problem of the whole deployment, waited out like NOPERM until an operator fixes it."""
@@ -81,6 +85,8 @@ def not_now(exc: redis.exceptions.ResponseError) -> bool:
     Only a reply no retry of the same call can change refuses it.
     """
     text = str(exc)
+    if text.startswith("Command # "):  # a cluster pipeline's: "... caused error: BUSY ..."
+        text = text.partition(_PIPELINE_ERROR)[2] or text
     code = text.split(" ", 1)[0]
     if _CODE.fullmatch(code):
         return code not in _DATA_CODES
