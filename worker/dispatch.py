@@ -180,16 +180,12 @@ class Dispatcher:
                     status=Status.expired,
                 )
                 continue
+            if env.job_id and env.job_id in admission.cancelled_jobs:
+                # first: a cancelled job's lines are `cancelled`, an aborted turn's too
+                self._cancel(item, env.job_id)
+                continue
             if env.loop is not None and env.loop.abort is not None:
                 self._answer(item, env.loop.abort, Status.failed)
-                continue
-            if env.job_id and env.job_id in admission.cancelled_jobs:
-                self.finish(
-                    item,
-                    ErrorCode.cancelled,
-                    f"job {env.job_id} was cancelled",
-                    status=Status.cancelled,
-                )
                 continue
             try:
                 rendered = renderer.render(env)

@@ -372,3 +372,47 @@ def test_a_tool_slower_than_the_poll_interval_keeps_the_executor_in_its_group(
     finally:
         stop_worker(executor)
         stop_worker(worker)
+
+
+def test_a_cancelled_jobs_turn_runs_no_tool_and_is_answered_cancelled(
+    lane: Lane, tmp_path: Path
+) -> None:
+    """The job of a loop is cancelled while its turn waits for an executor: the executor
+    runs none of the turn's calls and sends the turn back aborted, and the worker answers
+    the request `cancelled` (not `tool_loop_aborted`)."""
+    from producer.jobs import JobStore
+
+    worker = start_worker(lane, log=tmp_path / "worker.log")
+    executor = None
+    try:
+        with lane.client() as client:
+            client.redis.hset(client.keys.job("loopjob"), mapping={"total": 1, "status": "running"})
+            rid = client.submit(
+                body(call_block("get_weather", city="Rome"), "get_weather"),
+                tool_loop={"max_turns": 4},
+                job_id="loopjob",
+            )
+            consumer = KafkaConsumer(
+                bootstrap_servers=lane.bootstrap, auto_offset_reset="earliest", group_id=None
+            )
+            consumer.assign([TopicPartition(lane.tool_calls_topic, p) for p in range(2)])
+            deadline = time.monotonic() + 60
+            seen = False
+            while not seen and time.monotonic() < deadline:  # the turn is on its topic
+                for records in consumer.poll(timeout_ms=500).values():
+                    seen = seen or any(
+                        ToolTurnEvent.model_validate_json(r.value).request_id == rid
+                        for r in records
+                    )
+            consumer.close()
+            assert seen, "the worker published no turn"
+            assert JobStore.of(client).cancel("loopjob") in ("cancelling", "cancelled")
+        executor = start_executor(lane, log=tmp_path / "executor.log")
+        result = wait_ok(lane, rid)
+    finally:
+        for proc in (executor, worker):
+            if proc is not None:
+                stop_worker(proc)
+    assert result.status is Status.cancelled, result.error
+    assert result.error is not None and result.error.code is ErrorCode.cancelled
+    assert ran(lane, "get_weather:Rome") == 0

@@ -63,7 +63,7 @@ from worker.tool_loop.answers import (
     malformed_answer,
     next_envelope,
 )
-from worker.tool_loop.continuation import pending_calls
+from worker.tool_loop.continuation import aborted, pending_calls
 from worker.tool_loop.ledger import CallLedger
 from worker.tool_loop.registry import ToolRegistry
 from worker.tool_loop.runner import PendingCall, run_calls
@@ -348,10 +348,15 @@ class ToolExecutor:
         return [source.suspect() for source in self.current]
 
     def handle(self, events: list[ToolTurnEvent]) -> list[RequestEnvelope]:
-        """The continuations of a poll's turn events (Redis I/O, then the tools)."""
+        """The continuations of a poll's turn events (Redis I/O, then the tools). A turn
+        of a cancelled job runs no tool: its envelope goes back aborted, and the worker
+        answers it `cancelled` at admission."""
+        jobs = sorted({e.envelope.job_id for e in events if e.envelope.job_id})
+        stopped = self._retry_redis(lambda: self.ledger.cancelled_jobs(jobs)) if jobs else set()
         calls = [
             (event, call, self.ledger.key(call))
             for event in events
+            if event.envelope.job_id not in stopped
             for call in pending_calls(event)
         ]
         known = self._retry_redis(lambda: self.ledger.lookup([key for _, _, key in calls]))
@@ -380,6 +385,10 @@ class ToolExecutor:
         first = {key: event for event, _, key in fresh}
         out: list[RequestEnvelope] = []
         for event in events:
+            if event.envelope.job_id in stopped:
+                metrics.TOOL_CONTINUATIONS.labels("aborted").inc()
+                out.append(aborted(event, [], f"job {event.envelope.job_id} was cancelled"))
+                continue
             mine = [
                 outcome[key]
                 if first.get(key) is event or key in known

@@ -42,6 +42,16 @@ class CallLedger:
                 log.warning("tool_record_unreadable", key=key)  # run it again
         return found
 
+    def cancelled_jobs(self, job_ids: list[str]) -> frozenset[str]:
+        """Which of these jobs are cancelled (one pipeline of EXISTS)."""
+        if not job_ids:
+            return frozenset()
+        pipe = self._client.pipeline(transaction=False)
+        for job in job_ids:
+            pipe.exists(self._keys.job_cancel(job))
+        hits = pipe.execute()
+        return frozenset(job for job, hit in zip(job_ids, hits, strict=True) if hit)
+
     def record(self, items: list[tuple[str, CallRecord, int]]) -> dict[str, CallRecord]:
         """SET NX each (key, record, ttl_s); where another executor was first, its record."""
         if not items:
