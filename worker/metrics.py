@@ -7,10 +7,14 @@ test rather than a dashboard in production.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -83,15 +87,53 @@ INFERENCE_LATENCY = Histogram(
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
-STAGE_SECONDS = Histogram(
-    "qbatch_stage_seconds",
-    "Time a request spent in each stage, per lane: queue (in Kafka), batch_wait (in the "
-    "worker until dispatched), admission, render, engine_wait (in the engine's queue), "
-    "prefill (to the first token), generation (to finished), write (finished to written).",
-    ["stage", "lane"],
-    buckets=_LATENCY_BUCKETS,
-    registry=REGISTRY,
-)
+
+
+class StageHistogram:
+    """`qbatch_stage_seconds{stage, lane}`, observed by the writer thread alone: plain
+    counts per bucket, no lock, read when scraped. A prometheus_client Histogram takes a
+    lock and ~1 us an observation; eight stages a result cost 9 us of the writer's ~170
+    (the echo A/B showed it), this ~1 us."""
+
+    name = "qbatch_stage_seconds"
+
+    def __init__(self, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
+        self._bounds = [b for b in buckets if b != float("inf")]
+        self._series: dict[tuple[str, str], list[float]] = {}
+        registry.register(self)
+
+    def observe(self, stage: str, lane: str, seconds: float) -> None:
+        counts = self._series.get((stage, lane))
+        if counts is None:
+            counts = self._series[(stage, lane)] = [0.0] * (len(self._bounds) + 2)
+        counts[bisect.bisect_left(self._bounds, seconds)] += 1  # le: the first bound >= it
+        counts[-1] += seconds
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            self.name,
+            "Time a request spent in each stage, per lane: queue (in Kafka), batch_wait (in "
+            "the worker until dispatched), admission, render, engine_wait (in the engine's "
+            "queue), prefill (to the first token), generation (to finished), write (finished "
+            "to written).",
+            labels=["stage", "lane"],
+        )
+        for (stage, lane), counts in list(self._series.items()):
+            cumulative = list(itertools.accumulate(counts[:-1]))
+            buckets = [(_bound(b), c) for b, c in zip(self._bounds, cumulative, strict=False)]
+            buckets.append(("+Inf", cumulative[-1]))
+            family.add_metric([stage, lane], buckets, sum_value=counts[-1])
+        yield family
+
+    def describe(self) -> list[Any]:
+        return []
+
+
+def _bound(value: float) -> str:
+    return repr(float(value))
+
+
+STAGE_SECONDS = StageHistogram(_LATENCY_BUCKETS, REGISTRY)
 E2E_LATENCY = Histogram(
     "qbatch_end_to_end_latency_seconds",
     "Producer submit until the result is in Redis.",

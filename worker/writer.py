@@ -379,11 +379,20 @@ def _observe(result: ResultEnvelope, now_ms: int, lane: str) -> None:
         e2e = max(0, now_ms - t.submitted) / 1000
         metrics.E2E_LATENCY.observe(e2e)
         metrics.labelled(metrics.LANE_LATENCY, lane).observe(e2e)
-    for stage, ms in t.stages_ms().items():
-        metrics.labelled(metrics.STAGE_SECONDS, stage, lane).observe(max(0.0, ms) / 1000)
+    observe = metrics.STAGE_SECONDS.observe
+    for stage, ms in (
+        ("queue", t.queue_ms),
+        ("batch_wait", t.batch_wait_ms),
+        ("admission", t.admission_ms),
+        ("render", t.render_ms),
+        ("engine_wait", t.engine_wait_ms),
+        ("prefill", t.prefill_ms),
+        ("generation", t.generation_ms),
+    ):
+        if ms is not None:
+            observe(stage, lane, ms / 1000 if ms > 0 else 0.0)
     if t.finished is not None:
-        write = max(0, _epoch_ms() - t.finished) / 1000
-        metrics.labelled(metrics.STAGE_SECONDS, "write", lane).observe(write)
+        observe("write", lane, max(0, now_ms - t.finished) / 1000)
 
 
 def _epoch_ms() -> int:

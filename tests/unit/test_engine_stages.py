@@ -50,3 +50,22 @@ def test_the_echo_engine_aborts_what_waits_and_lets_what_runs_finish() -> None:
     assert finishes == {"run": "stop", "w1": "abort", "w2": "abort"}
     assert engine.capacity() == (1, None)
     engine.close()
+
+
+def test_the_stage_histogram_exposes_cumulative_buckets_per_stage_and_lane() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from worker.metrics import StageHistogram
+
+    registry = CollectorRegistry()
+    stages = StageHistogram((0.01, 0.1, 1.0, float("inf")), registry)
+    for seconds in (0.005, 0.01, 0.05, 2.0):
+        stages.observe("render", "bulk", seconds)
+    stages.observe("write", "interactive", 0.2)
+    text = generate_latest(registry).decode()
+    assert 'qbatch_stage_seconds_bucket{lane="bulk",le="0.01",stage="render"} 2.0' in text
+    assert 'qbatch_stage_seconds_bucket{lane="bulk",le="0.1",stage="render"} 3.0' in text
+    assert 'qbatch_stage_seconds_bucket{lane="bulk",le="+Inf",stage="render"} 4.0' in text
+    assert 'qbatch_stage_seconds_count{lane="bulk",stage="render"} 4.0' in text
+    assert 'qbatch_stage_seconds_sum{lane="bulk",stage="render"} 2.065' in text
+    assert 'qbatch_stage_seconds_bucket{lane="interactive",le="1.0",stage="write"} 1.0' in text
