@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from producer.serve.lease import FENCE_LUA, Lease, LeaseLost, lease_lost
-from producer.serve.stored_file import FILE_ID, StoredFile
+from producer.serve.stored_file import FILE_ID, PURPOSE, StoredFile
 from schemas.keys import RedisKeys
 
 TOMBSTONE_TTL_S = 86_400
@@ -231,7 +231,10 @@ class FileRecords:
         """A tenant's records by creation time (`order`), after the file id `after`
         (nothing when it names no file of the tenant's, live or deleted within a day):
         `first` of them in one round trip, then `PAGE_READ` at a time (expired or
-        vanished files are skipped, so a page may need more)."""
+        vanished files are skipped, so a page may need more). A `purpose` no stored file
+        can have (`PURPOSE`) lists nothing and never becomes a key."""
+        if purpose is not None and not PURPOSE.match(purpose):
+            return
         key = self.keys.serve_tenant_files(tenant, purpose)
         desc = order != "asc"
         bound = "+" if desc else "-"

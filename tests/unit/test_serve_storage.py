@@ -6,6 +6,7 @@ the `--storage` URL parsing."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from producer.serve.storage_location import CloudLocation, StorageError, parse_s
 from producer.serve.storage_url import open_storage
 from producer.serve.stored_file import clean_filename, new_file_id
 from producer.serve.upload import check_jsonl
+from tests.benchmarks.bench_serve_storage import CountedRedis
 from tests.s3_fixtures import CREDENTIALS
 from tests.storage_fixtures import (  # `backend`: tests/unit/conftest.py
     Backend,
@@ -237,6 +239,14 @@ def test_byte_ranges_stream_only_their_bytes(backend: Backend) -> None:
 
 def test_ids_that_are_not_file_ids_are_never_keys(backend: Backend) -> None:
     storage = backend.storage
+    upload_bytes(storage, b"{}\n")
+    calls: Counter[str] = Counter()
+    real = storage.records.redis
+    storage.records.redis = CountedRedis(real, calls)
+    for purpose in ("x" * 100_000, "Batch", "batch:a", "../x", ""):  # never a key name
+        assert storage.list("a", purpose=purpose) == ([], False)
+    assert calls["redis"] == 0  # refused before any round trip
+    assert len(storage.list("a", purpose="batch")[0]) == 1
     for bad in ("../x", "file-../../x", "file-ZZ", "", "file-" + "a" * 65, "a\nb"):
         assert storage.get(bad, "a") is None and not storage.delete(bad, "a")
         assert storage.list("a", after=bad) == ([], False)
