@@ -132,6 +132,14 @@ class WorkerSettings(ConnectionSettings):
         description="The reserve holds while a first-lane request came within this long; "
         "otherwise worse lanes may fill the engine.",
     )
+    interactive_step_tokens: int = Field(
+        0,
+        ge=0,
+        description="vLLM (continuous): while a first-lane request is in the engine beside "
+        "others, each engine step schedules at most the running sequences' next tokens plus "
+        "this many (bulk prefill waits its turn a step at a time; "
+        "worker/engines/step_cap.py); 0: vLLM fills every step to max_num_batched_tokens.",
+    )
     cancel_poll_s: float = Field(
         0.5,
         ge=0,

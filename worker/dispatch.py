@@ -207,7 +207,9 @@ class Dispatcher:
             runs.append(run)
             lane = env.loop.lane if env.loop is not None and env.loop.lane else item.lane
             rank = self._rank(lane)
-            requests.append(rendered.engine_request(key, engine_priority(rank, env)))
+            requests.append(
+                rendered.engine_request(key, engine_priority(rank, env), first_lane=rank == 0)
+            )
             offers.append((requests[-1], rank == 0, _kv_cost(requests[-1], rendered.prompt_tokens)))
         shared = self._worker_info(batch_id, len(runs))
         for run in runs:

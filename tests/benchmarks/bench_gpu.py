@@ -299,7 +299,14 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default="off,on",
-        help="lanes-start: the engine gate per worker run, side by side on one engine",
+        help="lanes-start: off, on (the engine gate) or capN (gate on, step cap N), one "
+        "worker run each, side by side on one engine",
+    )
+    parser.add_argument(
+        "--workload",
+        default="w",
+        choices=["w", "families"],
+        help="lanes-start: the bulk job, W (--n requests) or the night of job families",
     )
     parser.add_argument(
         "--configs", default=",".join(KNOBS), help=f"knobs to run, of {', '.join(KNOBS)}"
@@ -358,7 +365,9 @@ def main() -> None:
         phase_external(args.out, args.n, args.label, args.budget_s, args.warmup)
         return
     if args.phase == "lanes-start":
-        phase_lanes_start(args.out, args.n, dry, args.warmup, args.variants.split(","))
+        phase_lanes_start(
+            args.out, args.n, dry, args.warmup, args.variants.split(","), args.workload
+        )
     elif args.phase == "lanes":
         caps = [None if c == "default" else int(c) for c in args.bulk_max_inflight.split(",")]
         phase_lanes(args.out, args.n, dry, args.warmup, args.every_s, caps)

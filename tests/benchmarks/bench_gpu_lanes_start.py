@@ -1,18 +1,30 @@
 """Interactive latency from before a bulk job starts to its end, at the worker's default
-settings, with the engine gate off and on side by side on one loaded engine (`bench_gpu
-lanes-start`); then a cancel mid-job.
+settings and beside them, side by side on one loaded engine (`bench_gpu lanes-start`); then
+a cancel mid-job.
 
-Per variant (a worker with `engine_gate` off or on, everything else default):
+The engine runs vLLM's scheduler with qbatch's step cap in front (the lane scheduler), so
+a worker's `interactive_step_tokens` takes effect per run; with 0 the cap is inert and the
+engine schedules as vLLM's own. Variants, one worker each: `off` (engine gate off, no
+step cap), `on` (gate on, no step cap), `capN` (gate on, step cap N tokens).
+
+Per variant:
   * idle: interactive requests (256-token prompt, 64 out) one a second, alone;
-  * bulk alone: a job of `n` requests of workload W, its throughput;
-  * bulk with interactive: the one-a-second trickle starts 3 s before the same-sized job
-    (another draw of W) is published and runs until it ends: every interactive request's
-    latency, when it was sent relative to the job's start, and the stage timings in its
-    result (where the slowest ones spent their time);
-  * cancel (gate on only): a job of `n`, cancelled once 10% succeeded: lines that
-    succeeded after the cancel, seconds to the last line answered.
+  * bulk alone (the first variant only, and every `off`/`on`: the step cap acts only while
+    an interactive request is in the engine, so a cap variant's bulk alone is the `on`
+    one's): the job, its throughput;
+  * bulk with interactive: the one-a-second trickle starts 3 s before the same job is
+    published and runs until it ends: every interactive request's latency, when it was
+    sent relative to the job's start, and the stage timings in its result (where the
+    slowest ones spent their time);
+  * cancel (when `on` ran): a job of W, cancelled once 10% succeeded: lines that succeeded
+    after the cancel, seconds to the last line answered.
 
-    python -m tests.benchmarks.bench_gpu lanes-start --out DIR --n 1000 [--dry]
+The job (`--workload`): `w`, `n` requests of workload W; `families`, the night of job
+families (tests/benchmarks/families.py: 1,438 chat lines of 300 families, long shared
+system prompts), the same lines in every variant.
+
+    python -m tests.benchmarks.bench_gpu lanes-start --out DIR --n 1000 \
+        [--variants on,cap512] [--workload families] [--engine echo]
 
 Writes lanes_start.json in `--out` as figures come, and prints one summary line per
 variant.
@@ -39,41 +51,94 @@ from tests.benchmarks.gpu_harness import (
     start_worker,
     write_json,
 )
-from tests.benchmarks.gpu_runs import Req, preload, warm_up, workload
+from tests.benchmarks.gpu_runs import (
+    Req,
+    envelope,
+    preload,
+    preload_envelopes,
+    warm_up,
+    workload,
+)
 
 LEAD_S = 3.0
 """The trickle runs this long before the job is published."""
 
 
-def phase_lanes_start(out: Path, n: int, dry: bool, warmup: int, variants: list[str]) -> None:
-    engine = make_engine("continuous", dry)
+def phase_lanes_start(
+    out: Path, n: int, dry: bool, warmup: int, variants: list[str], workload_name: str = "w"
+) -> None:
+    for variant in variants:
+        parse_variant(variant)  # refuse a typo before the engine loads
+    engine = make_engine("continuous", dry, interactive_step_tokens=1)  # the lane scheduler
     t0 = time.perf_counter()
     engine.start()
-    doc: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1), "n": n, "runs": []}
+    doc: dict[str, Any] = {
+        "startup_s": round(time.perf_counter() - t0, 1),
+        "n": n,
+        "workload": workload_name,
+        "runs": [],
+    }
     warm_up(engine, warmup, "continuous")
-    for k, variant in enumerate(variants):
-        doc["runs"].append(one_variant(engine, n, variant, seed=31 + 3 * k))
+    job = job_envelopes(workload_name, n)
+    alone: dict[str, Any] | None = None
+    for variant in variants:
+        measure_alone = alone is None or not variant.startswith("cap")
+        run = one_variant(engine, job, variant, None if measure_alone else alone)
+        if measure_alone:
+            alone = run["bulk_alone"]
+        doc["runs"].append(run)
         write_json(out / "lanes_start.json", doc)
     if "on" in variants:
         doc["cancel"] = cancel_run(engine, n, seed=97)
         write_json(out / "lanes_start.json", doc)
     for run in doc["runs"]:
-        print(json.dumps({"gate": run["gate"]} | run["summary"]))
+        print(json.dumps({"variant": run["variant"]} | run["summary"]))
     if "cancel" in doc:
         print(json.dumps({"cancel": doc["cancel"]}))
 
 
-def one_variant(engine: Any, n: int, variant: str, seed: int) -> dict[str, Any]:
+def parse_variant(variant: str) -> tuple[bool, int]:
+    """`off` / `on` / `capN` -> (engine gate, step cap tokens)."""
+    if variant in ("off", "on"):
+        return variant == "on", 0
+    if variant.startswith("cap") and variant[3:].isdigit() and int(variant[3:]) > 0:
+        return True, int(variant[3:])
+    raise SystemExit(f"unknown variant {variant!r}: off, on or capN")
+
+
+def job_envelopes(workload_name: str, n: int) -> list[dict[str, Any]]:
+    """The bulk job's envelopes (request ids without the job's tag)."""
+    if workload_name == "w":
+        return [envelope(req, i) for i, req in enumerate(workload(n, seed=31))]
+    if workload_name == "families":
+        from tests.benchmarks import bench_runbatch as rb
+        from tests.benchmarks import families
+
+        return [
+            {"request_id": line["custom_id"], "endpoint": line["url"], "body": line["body"]}
+            for line in families.night_lines(rb.vocab_words())
+        ]
+    raise SystemExit(f"unknown workload {workload_name!r}: w or families")
+
+
+def one_variant(
+    engine: Any, job: list[dict[str, Any]], variant: str, alone: dict[str, Any] | None
+) -> dict[str, Any]:
+    gate, cap = parse_variant(variant)
     run = f"ls-{variant}-{uuid.uuid4().hex[:6]}"
     topic = f"bench.{run}"
     create_topic(topic)
-    worker, thread = start_worker(engine, run, engine_gate=variant == "on")
+    engine.step_tokens = cap  # what this worker's first-lane requests ask for
+    worker, thread = start_worker(engine, run, engine_gate=gate, interactive_step_tokens=cap)
     time.sleep(5)  # group join
     interactive_loop(run, topic, 3, 0.5, threading.Event(), "warm")
-    doc: dict[str, Any] = {"gate": variant}
+    doc: dict[str, Any] = {"variant": variant, "gate": gate, "step_tokens": cap}
     doc["idle_s"] = interactive_loop(run, topic, 10, 1.0, threading.Event(), "idle")
-    doc["bulk_alone"] = bulk_job(engine, run, f"{run}-alone", n, seed, trickle=None)
-    doc["bulk_with_interactive"] = bulk_job(engine, run, f"{run}-mixed", n, seed + 1, trickle=topic)
+    if alone is None:
+        doc["bulk_alone"] = bulk_job(engine, run, f"{run}-alone", job, trickle=None)
+    else:
+        doc["bulk_alone"] = alone | {"measured_by": "an earlier variant"}
+    doc["bulk_with_interactive"] = bulk_job(engine, run, f"{run}-mixed", job, trickle=topic)
     worker.request_stop()
     thread.join(timeout=120)
     idle = doc["idle_s"]
@@ -95,11 +160,12 @@ def one_variant(engine: Any, n: int, variant: str, seed: int) -> dict[str, Any]:
 
 
 def bulk_job(
-    engine: Any, run: str, job: str, n: int, seed: int, trickle: str | None
+    engine: Any, run: str, job: str, lines: list[dict[str, Any]], trickle: str | None
 ) -> dict[str, Any]:
-    """One job of `n` W requests; with `trickle` (the interactive topic) one interactive
-    request a second from `LEAD_S` before the job until it ends."""
-    reqs = [Req(f"{job}-{q.rid}", q.prompt, q.max_tokens) for q in workload(n, seed=seed)]
+    """One job of `lines` (envelopes); with `trickle` (the interactive topic) one
+    interactive request a second from `LEAD_S` before the job until it ends."""
+    envs = [e | {"request_id": f"{job}-{e['request_id']}"} for e in lines]
+    n = len(envs)
     reset_prefix_cache(engine)
     sent: list[tuple[str, float]] = []
     stop = threading.Event()
@@ -115,14 +181,16 @@ def bulk_job(
         live.start()
         time.sleep(LEAD_S)
     start = time.time()
-    preload(f"bench.{run}.bulk", run, job, reqs)
+    preload_envelopes(f"bench.{run}.bulk", run, job, envs)
     wait_done(run, job, n, timeout_s=1800)
     stop.set()
     if live is not None:
         live.join(600)
     r = redis_client()
     keys = keys_for(run)
-    results = [json.loads(x) for x in mget_all(r, [keys.result(q.rid) for q in reqs]) if x]
+    results = [
+        json.loads(x) for x in mget_all(r, [keys.result(e["request_id"]) for e in envs]) if x
+    ]
     first = min(x["timings"]["dequeued"] for x in results)
     last = max(x["timings"]["finished"] for x in results)
     doc: dict[str, Any] = {

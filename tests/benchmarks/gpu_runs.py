@@ -193,15 +193,21 @@ def preload(
 ) -> None:
     """The requests on `topic` before any worker takes them, as one job of `prefix`;
     `extra`: envelope fields every request gets (e.g. a priority)."""
+    envs = [envelope(req, i, job) | (extra or {}) for i, req in enumerate(reqs)]
+    preload_envelopes(topic, prefix, job, envs)
+
+
+def preload_envelopes(topic: str, prefix: str, job: str, envs: list[dict[str, Any]]) -> None:
+    """Envelopes on `topic` as one job of `prefix` (each gets the `job_id`)."""
     from kafka import KafkaProducer
 
     redis_client().hset(
-        keys_for(prefix).job(job), mapping={"total": len(reqs), "status": "running"}
+        keys_for(prefix).job(job), mapping={"total": len(envs), "status": "running"}
     )
     producer = KafkaProducer(bootstrap_servers=bootstrap(), linger_ms=20, acks="all")
-    for i, req in enumerate(reqs):
-        env = envelope(req, i, job) | (extra or {})
-        producer.send(topic, key=req.rid.encode(), value=json.dumps(env).encode())
+    for env in envs:
+        value = json.dumps(env | {"job_id": job}).encode()
+        producer.send(topic, key=env["request_id"].encode(), value=value)
     producer.flush()
     producer.close()
 

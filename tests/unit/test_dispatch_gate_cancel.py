@@ -177,3 +177,11 @@ def test_stage_timings_reach_the_result() -> None:
     assert t.admission_ms == t.admitted - t.dispatched
     assert t.render_ms == t.engine_submitted - t.admitted and t.prefill_ms == 2.0
     assert set(t.stages_ms()) >= {"batch_wait", "admission", "render", "engine_wait", "prefill"}
+
+
+def test_only_the_best_lanes_requests_are_marked_first_lane() -> None:
+    dispatcher, engine, _store, _out = make()
+    dispatcher.admit_and_submit([inbound("i0", None, "interactive", 0)])
+    dispatcher.admit_and_submit([inbound("b0", "job", "bulk", 1)])
+    marks = {request.key: request.first_lane for request, _ in engine.inside.values()}
+    assert marks == {engine.order[0]: True, engine.order[1]: False}

@@ -157,3 +157,18 @@ def test_the_kv_cache_capacity_is_blocks_times_block_size_once_known() -> None:
     engine._kv_cache_tokens = 37_968
     engine._stats_logger(None, 0).record(_sched(0.5, 3, 1), None)
     assert (engine.stats().kv_cache_tokens, engine.stats().running) == (37_968, 3)
+
+
+def test_the_step_cap_brings_the_lane_scheduler_in_continuous_mode_only() -> None:
+    from worker.engines.vllm_engine import LANE_SCHEDULER
+
+    assert "scheduler_cls" not in engine_kwargs(settings(interactive_step_tokens=0))
+    kwargs = engine_kwargs(settings(interactive_step_tokens=512))
+    assert kwargs["scheduler_cls"] == LANE_SCHEDULER
+    assert VllmEngine.from_settings(settings(interactive_step_tokens=512)).step_tokens == 512
+    static = settings(interactive_step_tokens=512, engine_mode="static")
+    assert "scheduler_cls" not in engine_kwargs(static)
+    assert VllmEngine.from_settings(static).step_tokens == 0
+    # an operator's own scheduler class wins, and then no request asks for the cap
+    own = settings(interactive_step_tokens=512, engine_args={"scheduler_cls": "my.Sched"})
+    assert VllmEngine.from_settings(own).step_tokens == 0

@@ -68,7 +68,9 @@ class RenderedPrompt:
     result_bytes: int = 0
     """How large its result can get (`schemas.result_size`), within max_result_bytes."""
 
-    def engine_request(self, key: str, priority: int = 0) -> EngineRequest:
+    def engine_request(
+        self, key: str, priority: int = 0, *, first_lane: bool = False
+    ) -> EngineRequest:
         return EngineRequest(
             key=key,
             prompt=self.text,
@@ -77,6 +79,7 @@ class RenderedPrompt:
             priority=priority,
             cache_salt=self.cache_salt,
             conversation=self.conversation,
+            first_lane=first_lane,
         )
 
 

@@ -71,6 +71,9 @@ class EngineRequest:
     conversation: Any = None
     """The chat body where `prompt` is only part of it (echo renders the last user
     message): what the echo's simulated prefix cache keys on. None: `prompt` is all."""
+    first_lane: bool = False
+    """Of the worker's best lane: an engine may hold other work back while it runs (vLLM:
+    the step cap, `QBATCH_INTERACTIVE_STEP_TOKENS`)."""
 
 
 @dataclass(frozen=True, slots=True)

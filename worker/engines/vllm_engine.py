@@ -37,6 +37,7 @@ from worker.engines.base import (
     SamplingSpec,
     TokenLogprob,
 )
+from worker.engines.step_cap import STEP_TOKENS_ARG
 from worker.engines.vllm_stats import (
     _StatsLogger,
     combined_stats,
@@ -45,6 +46,10 @@ from worker.engines.vllm_stats import (
     max_num_seqs,
 )
 from worker.logs import log
+
+LANE_SCHEDULER = "worker.engines.vllm_lane_scheduler.LaneScheduler"
+"""vLLM's scheduler with the step cap (`scheduler_cls`; named, so vLLM's engine core imports
+it and this module does not)."""
 
 _PASS_THROUGH = (
     "tensor_parallel_size",
@@ -80,6 +85,8 @@ def engine_kwargs(settings: WorkerSettings) -> dict[str, Any]:
             kwargs[name] = value
     kwargs["served_model_name"] = settings.served_name()
     kwargs["scheduling_policy"] = "priority"
+    if settings.interactive_step_tokens > 0 and settings.engine_mode == "continuous":
+        kwargs["scheduler_cls"] = LANE_SCHEDULER
     kwargs.update(settings.engine_args)
     return kwargs
 
@@ -95,8 +102,9 @@ def _config_objects(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "structured_outputs_config": StructuredOutputsConfig(**section)}
 
 
-def sampling_params(spec: SamplingSpec) -> Any:
-    """SamplingSpec -> vllm.SamplingParams, final output only (no per-token streaming)."""
+def sampling_params(spec: SamplingSpec, step_tokens: int = 0) -> Any:
+    """SamplingSpec -> vllm.SamplingParams, final output only (no per-token streaming);
+    `step_tokens` > 0: the step cap this request asks for while it runs (step_cap.py)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -140,6 +148,8 @@ def sampling_params(spec: SamplingSpec) -> Any:
         kwargs["structured_outputs"] = StructuredOutputsParams(json_object=True)
     elif spec.choice is not None:
         kwargs["structured_outputs"] = StructuredOutputsParams(choice=list(spec.choice))
+    if step_tokens > 0:
+        kwargs["extra_args"] = {STEP_TOKENS_ARG: step_tokens}
     return SamplingParams(**kwargs)
 
 
@@ -247,10 +257,14 @@ def _prompt(request: EngineRequest) -> Any:
 class VllmEngine(Engine):
     name = "vllm"
 
-    def __init__(self, kwargs: dict[str, Any], *, mode: str = "continuous") -> None:
+    def __init__(
+        self, kwargs: dict[str, Any], *, mode: str = "continuous", step_tokens: int = 0
+    ) -> None:
         if mode not in ("continuous", "static"):
             raise ValueError(f"unknown engine mode {mode!r}")
         self.mode = mode
+        self.step_tokens = step_tokens if kwargs.get("scheduler_cls") == LANE_SCHEDULER else 0
+        """The step cap first-lane requests ask for (0: none); only the lane scheduler reads it."""
         self._kwargs = kwargs
         self._served_name = str(kwargs.get("served_model_name") or kwargs["model"])
         self._tokenizer: Any = None
@@ -279,7 +293,11 @@ class VllmEngine(Engine):
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings) -> VllmEngine:
-        return cls(engine_kwargs(settings), mode=settings.engine_mode)
+        return cls(
+            engine_kwargs(settings),
+            mode=settings.engine_mode,
+            step_tokens=settings.interactive_step_tokens,
+        )
 
     # ------------------------------------------------------------------ start
 
@@ -402,7 +420,7 @@ class VllmEngine(Engine):
         try:
             async for output in self._llm.generate(
                 _prompt(request),
-                sampling_params(request.sampling),
+                sampling_params(request.sampling, self.step_tokens if request.first_lane else 0),
                 request.key,
                 priority=request.priority,
             ):
