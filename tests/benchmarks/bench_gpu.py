@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.benchmarks import gpu_harness as h
 from tests.benchmarks.bench_gpu_lanes_start import phase_lanes_start
 from tests.benchmarks.bench_gpu_latency import lone_latency, phase_lanes
 from tests.benchmarks.bench_knobs import (
@@ -52,7 +53,6 @@ from tests.benchmarks.bench_knobs import (
     phase_knobs,
 )
 from tests.benchmarks.gpu_harness import (
-    MODEL_DIR,
     exit_now,
     gpu_name,
     load_json,
@@ -81,7 +81,11 @@ def phase_static(
     engine = make_engine("static", dry)
     t0 = time.perf_counter()
     engine.start()
-    doc: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1), "runs": []}
+    doc: dict[str, Any] = {
+        "startup_s": round(time.perf_counter() - t0, 1),
+        "model": h.MODEL,
+        "runs": [],
+    }
     warm_up(engine, warmup, "static")
     doc["warmup"] = warmup
     plan: list[tuple[str, Callable[[], dict[str, Any]]]] = [
@@ -104,6 +108,7 @@ def phase_continuous(out: Path, n: int, sweep: int, lone: int, dry: bool, warmup
     engine.start()
     doc: dict[str, Any] = {
         "startup_s": round(time.perf_counter() - t0, 1),
+        "model": h.MODEL,
         "warmup": warmup,
         "runs": [],
         "lone": [],
@@ -176,7 +181,7 @@ def _ceiling_cell(row: dict[str, Any]) -> str:
 
     prompt = sum(len(r.prompt) for r in workload(row["n"]))
     total = row["out_tok_per_s"] + prompt / row["elapsed_s"]
-    return ceiling.column(total, gpu_name(), ceiling.model_params(MODEL_DIR))
+    return ceiling.column(total, gpu_name(), ceiling.model_params(h.MODEL_DIR))
 
 
 def report(out: Path) -> None:
@@ -253,7 +258,7 @@ def report(out: Path) -> None:
     colours = {"A": "grey", "B16": "C1", "B64": "C1", "C": "C0"}
     ax.bar(names, [runs[x]["req_per_s"] for x in names], color=[colours[x] for x in names])
     ax.set_ylabel("requests/s")
-    ax.set_title(f"Workload W, Qwen3-14B (dummy weights), {gpu_name()}")
+    ax.set_title(f"Workload W, {h.served_name()} (dummy weights), {gpu_name()}")
     for i, x in enumerate(names):
         ax.text(i, runs[x]["req_per_s"], f"{runs[x]['req_per_s']:.2f}", ha="center", va="bottom")
     fig.tight_layout()
@@ -303,6 +308,13 @@ def main() -> None:
         "worker run each, side by side on one engine",
     )
     parser.add_argument(
+        "--model",
+        choices=sorted(h.MODEL_CONFIGS),
+        default=None,
+        help="the model's shape (dummy weights): the fixtures' 14B (default) or 0.6B config; "
+        "every engine of the phase, its child phases included",
+    )
+    parser.add_argument(
         "--workload",
         default="w",
         choices=["w", "families"],
@@ -349,6 +361,8 @@ def main() -> None:
         sources = [Path(p) for p in args.merge.split(",") if p]
         knobs_report(args.out, merge_knobs([json.loads(p.read_text()) for p in sources]))
         return
+    if args.model is not None:
+        h.select_model(args.model)
     if args.phase == "full":
         phase_full(args.out, args.n, dry, args.budget_s, args.b64, args.b16, args.warmup)
         return

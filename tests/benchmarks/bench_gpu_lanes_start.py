@@ -16,7 +16,7 @@ Per variant:
     published and runs until it ends: every interactive request's latency, when it was
     sent relative to the job's start, and the stage timings in its result (where the
     slowest ones spent their time);
-  * cancel (when `on` ran): a job of W, cancelled once 10% succeeded: lines that succeeded
+  * cancel (when `on` ran on W): a job of W, cancelled once 10% succeeded: lines that succeeded
     after the cancel, seconds to the last line answered.
 
 The job (`--workload`): `w`, `n` requests of workload W; `families`, the night of job
@@ -88,7 +88,7 @@ def phase_lanes_start(
             alone = run["bulk_alone"]
         doc["runs"].append(run)
         write_json(out / "lanes_start.json", doc)
-    if "on" in variants:
+    if "on" in variants and workload_name == "w":
         doc["cancel"] = cancel_run(engine, n, seed=97)
         write_json(out / "lanes_start.json", doc)
     for run in doc["runs"]:

@@ -27,7 +27,39 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL_DIR = REPO / "tests" / "fixtures" / "qwen3-14b"
+FIXTURE_DIR = REPO / "tests" / "fixtures" / "qwen3-14b"
+MODEL_CONFIGS = {"14b": "config.json", "0.6b": "config-0.6b.json"}
+"""The model shapes a benchmark can load (dummy weights): `--model`, or QBATCH_BENCH_MODEL
+in the child processes a phase starts."""
+
+
+def model_dir(name: str) -> Path:
+    """The fixture directory for 14B; for another shape, a copy of its tokenizer with that
+    config as `config.json` (under the temp dir, rebuilt each time)."""
+    if name not in MODEL_CONFIGS:
+        raise SystemExit(f"unknown model {name!r}: one of {', '.join(MODEL_CONFIGS)}")
+    if MODEL_CONFIGS[name] == "config.json":
+        return FIXTURE_DIR
+    target = Path(tempfile.gettempdir()) / f"qbatch-bench-qwen3-{name}"
+    target.mkdir(parents=True, exist_ok=True)
+    for item in FIXTURE_DIR.iterdir():
+        if item.is_file() and not item.name.startswith("config"):
+            (target / item.name).write_bytes(item.read_bytes())
+    (target / "config.json").write_bytes((FIXTURE_DIR / MODEL_CONFIGS[name]).read_bytes())
+    return target
+
+
+MODEL = os.environ.get("QBATCH_BENCH_MODEL", "14b")
+MODEL_DIR = model_dir(MODEL)
+
+
+def select_model(name: str) -> None:
+    """Load `name` from now on, here and in the child phases this process starts."""
+    global MODEL, MODEL_DIR
+    os.environ["QBATCH_BENCH_MODEL"] = name
+    MODEL, MODEL_DIR = name, model_dir(name)
+
+
 DRY_DELAY_MS = 20.0  # the echo engine's answer time in dry runs
 
 
@@ -41,7 +73,7 @@ def engine_kwargs(**overrides: Any) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "engine": "vllm",
         "model": str(MODEL_DIR),
-        "served_model_name": "Qwen3-14B",
+        "served_model_name": served_name(),
         "load_format": "dummy",
         "dtype": "bfloat16",
         "max_model_len": 4096,
@@ -51,12 +83,16 @@ def engine_kwargs(**overrides: Any) -> dict[str, Any]:
     return from_settings(WorkerSettings(**fields))
 
 
+def served_name() -> str:
+    return "Qwen3-14B" if MODEL == "14b" else f"Qwen3-{MODEL.upper()}"
+
+
 def make_engine(mode: str, dry: bool, **overrides: Any) -> Any:
     if dry:
         from worker.engines.echo import EchoEngine
 
         return EchoEngine(
-            served_name="Qwen3-14B",
+            served_name=served_name(),
             max_model_len=int(overrides.get("max_model_len", 4096)),
             delay_ms=DRY_DELAY_MS,
         )

@@ -25,6 +25,7 @@ from tests.benchmarks.gpu_harness import (
     percentiles,
     redis_client,
     reset_prefix_cache,
+    served_name,
     start_worker,
 )
 
@@ -112,7 +113,7 @@ def worker_sampling(engine: Any, reqs: list[Req]) -> list[Any]:
     renderer = PromptRenderer(
         engine.tokenizer,
         max_model_len=engine.max_model_len,
-        served_names={"Qwen3-14B"},
+        served_names={served_name()},
         generation_defaults=getattr(engine, "generation_defaults", None),
     )
     return [
