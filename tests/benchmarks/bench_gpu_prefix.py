@@ -21,9 +21,13 @@ sampling of bench_runbatch); the file is shuffled, so a family's lines are scatt
 family prefixes together (800K tokens) exceed the KV cache (~630K on an H200 at 0.9), so
 whether a line finds its prefix cached depends on the order the lines are run in.
 
+`--night` adds file N, the night of job families of issue 43 (tests/benchmarks/families.py:
+1,438 lines of 300 families of 1-16, 700-2,400-word system prompts, a third with tools).
+
 - raw: the file's lines rendered by the worker's renderer into token ids, one
   `LLM.generate` in the file's (shuffled) order, after `--warmup` requests and a
-  prefix-cache reset.
+  prefix-cache reset; with `--sorted` also P and N sorted by family (`P-sorted`,
+  `N-sorted`: the careful user's order). Timed around `LLM.generate` only.
 - qbatch: `--workers` continuous engines in this process (`--gpu-mem` each: 0.45 for two
   on one GPU), one worker each, one group, one topic; `--warmup` requests through each
   engine; then per placement (`--placements prefix,none`): every engine's prefix cache
@@ -57,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.benchmarks import bench_runbatch as rb
-from tests.benchmarks import ceiling
+from tests.benchmarks import ceiling, families
 from tests.benchmarks import gpu_harness as h
 from tests.benchmarks import gpu_runs as gr
 
@@ -65,6 +69,8 @@ REPO = Path(__file__).resolve().parents[2]
 TARGET_VS_RAW = 1.4
 TARGET_VS_NONE = 1.4
 TARGET_W = 0.97
+TARGET_VS_SORTED = 1.0
+TARGET_PAST_SORTED = 1.15
 PREFIX_METRICS = (
     "qbatch_engine_prefix_cache_queries_tokens_total",
     "qbatch_engine_prefix_cache_hits_tokens_total",
@@ -114,15 +120,24 @@ def _files(out: Path, args: argparse.Namespace) -> dict[str, Path]:
     if args.w:
         files["W"] = args.work / "w-plain.jsonl"
         rb.write_jsonl(files["W"], rb.w_chat_lines(args.w, words, tools_every=0))
+    if args.night:
+        files["N"] = args.work / "night.jsonl"
+        rb.write_jsonl(files["N"], families.night_lines(words, seed=args.night_seed))
     return files
+
+
+SORTABLE = ("P", "N")
+"""The files of families: raw also runs them sorted by family (`--sorted`), what a careful
+user does by hand before `LLM.generate`."""
 
 
 # ---------------------------------------------------------------------------- raw
 
 
-def _rendered(engine: Any, path: Path) -> list[Any]:
+def _rendered(engine: Any, path: Path, by_family: bool = False) -> list[Any]:
     """Each line as the worker renders it (`RenderedPrompt`: token ids on vLLM; on the echo
-    engine the echoed text and the conversation its simulated prefix cache keys on)."""
+    engine the echoed text and the conversation its simulated prefix cache keys on);
+    `by_family`: the lines sorted by family first (stable: file order within a family)."""
     from schemas import RequestEnvelope
     from worker.rendering import PromptRenderer
 
@@ -132,9 +147,11 @@ def _rendered(engine: Any, path: Path) -> list[Any]:
         served_names={rb.SERVED},
         generation_defaults=getattr(engine, "generation_defaults", None),
     )
+    lines = [json.loads(raw) for raw in path.read_text().splitlines()]
+    if by_family:
+        lines.sort(key=lambda line: family_of(line["custom_id"]))
     out = []
-    for raw in path.read_text().splitlines():
-        line = json.loads(raw)
+    for line in lines:
         env = {"request_id": line["custom_id"], "endpoint": line["url"], "body": line["body"]}
         out.append(renderer.render(RequestEnvelope.model_validate(env)))
     return out
@@ -197,8 +214,11 @@ def phase_raw(out: Path, args: argparse.Namespace) -> None:
     doc |= {"warmup": args.warmup, "runs": {}}
     gr.warm_up(engine, args.warmup, "static")
     try:
-        for name, path in files.items():
-            rendered = _rendered(engine, path)
+        plan = [(name, path, False) for name, path in files.items()]
+        if args.sorted:
+            plan += [(f"{name}-sorted", files[name], True) for name in SORTABLE if name in files]
+        for name, path, by_family in plan:
+            rendered = _rendered(engine, path, by_family)
             reset_cache(engine)
             t0 = time.perf_counter()
             counts = _generate(engine, rendered)
@@ -328,6 +348,8 @@ def phase_qbatch(out: Path, args: argparse.Namespace) -> None:
     try:
         time.sleep(3 if args.dry else 8)  # the group join and the partition assignment
         plan = [("P", p) for p in placements]
+        if "N" in files:
+            plan += [("N", p) for p in placements]
         if "W" in files:
             plan.append(("W", "prefix" if "prefix" in placements else placements[-1]))
         for wl, placement in plan:
@@ -362,6 +384,15 @@ def ratios(raw: dict[str, Any], q: dict[str, Any]) -> dict[str, Any]:
         x = round(p_prefix["out_tok_per_s"] / p_none["out_tok_per_s"], 3)
         out["P prefix/none"] = x
         out["target P prefix >= 1.4x none"] = x >= TARGET_VS_NONE
+    night = q.get("N-prefix") or q.get("N-default")
+    for base in ("N", "N-sorted"):
+        if night and raw.get(base):
+            x = round(raw[base]["elapsed_s"] / night["elapsed_s"], 3)
+            out[f"N qbatch/raw {base} (wall)"] = x
+    if night and raw.get("N-sorted"):
+        x = out["N qbatch/raw N-sorted (wall)"]
+        out["target N >= 1.0x raw sorted"] = x >= TARGET_VS_SORTED
+        out["target N >= 1.15x raw sorted"] = x >= TARGET_PAST_SORTED
     w = q.get("W-prefix") or q.get("W-none") or q.get("W-default")
     if w and raw.get("W"):
         x = round(w["out_tok_per_s"] / raw["W"]["out_tok_per_s"], 3)
@@ -429,6 +460,13 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--w", type=int, default=0, help="lines of W for the no-loss check")
+    parser.add_argument(
+        "--night",
+        action="store_true",
+        help="also the night of job families (tests/benchmarks/families.py), file N",
+    )
+    parser.add_argument("--night-seed", type=int, default=7)
+    parser.add_argument("--sorted", action="store_true", help="raw: also P and N sorted by family")
     parser.add_argument("--warmup", type=int, default=64)
     parser.add_argument("--workers", type=int, default=1, help="qbatch: engines on the GPU")
     parser.add_argument("--gpu-mem", type=float, default=0.9, help="per engine")
