@@ -17,6 +17,8 @@ from worker.engines.step_cap import (
     LiveCaps,
     StepCapMixin,
     chunk_threshold,
+    prefilling,
+    protected_first,
     requested_cap,
     step_budget,
 )
@@ -42,10 +44,22 @@ def test_requested_cap(extra: Any, cap: int | None) -> None:
 def test_budget_and_chunk_rules() -> None:
     assert step_budget(16384, 300, None) == 16384
     assert step_budget(16384, 300, 512) == 812  # every decode plus 512 of prefill
+    assert step_budget(16384, 300, 512, prefilling=2) == 300 + 3 * 512  # theirs on top
     assert step_budget(2048, 4000, 512) == 2048  # never above vLLM's own budget
     assert chunk_threshold(0, 512) == 512
     assert chunk_threshold(256, 512) == 256
     assert chunk_threshold(4096, 512) == 512
+
+
+def test_protected_requests_move_to_the_front_in_order() -> None:
+    b0, b1, b2 = FakeRequest("b0"), FakeRequest("b1"), FakeRequest("b2")
+    i0, i1 = FakeRequest("i0"), FakeRequest("i1")
+    assert protected_first([b0, i1, b1, i0, b2], {"i0", "i1"}) == [i1, i0, b0, b1, b2]
+    assert protected_first([i0, i1, b0], {"i0", "i1"}) is None
+    assert protected_first([b0, b1], {"i0"}) is None
+    assert prefilling(FakeRequest("w", num_prompt_tokens=300))
+    assert prefilling(FakeRequest("c", num_prompt_tokens=300, num_computed_tokens=256))
+    assert not prefilling(FakeRequest("d", num_prompt_tokens=300, num_computed_tokens=300))
 
 
 def test_live_caps_drop_finished_requests() -> None:
@@ -63,10 +77,12 @@ class Config:
     max_num_batched_tokens: int = 16384
 
 
-@dataclass
+@dataclass(eq=False)
 class FakeRequest:
     request_id: str
     extra_args: dict[str, Any] | None = None
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
     sampling_params: Any = None
 
     def __post_init__(self) -> None:
@@ -114,6 +130,20 @@ def test_steps_are_capped_only_while_a_first_lane_request_is_live_beside_others(
     sched.schedule()
     assert sched.steps == [(16384, 0), (301 + 512, 512), (16384, 0)]
     assert sched.scheduler_config is base  # vLLM's own config back once it left
+
+
+def test_a_protected_prefill_is_served_first_with_its_own_allowance() -> None:
+    sched = Capped()
+    for i in range(10):
+        sched.add_request(FakeRequest(f"bulk-{i}", num_prompt_tokens=2000, num_computed_tokens=512))
+    waiting = FakeRequest("i-1", {STEP_TOKENS_ARG: 256}, num_prompt_tokens=300)
+    sched.add_request(waiting)
+    running = sched.running
+    sched.schedule()
+    assert sched.running is running and sched.running[0] is waiting  # moved in place
+    waiting.num_computed_tokens = 300  # its prompt is in: decoding now
+    sched.schedule()
+    assert sched.steps == [(11 + 256 * 2, 256), (11 + 256, 256)]
 
 
 def test_only_first_lane_requests_live_means_no_cap() -> None:
