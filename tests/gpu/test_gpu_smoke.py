@@ -68,6 +68,8 @@ def pipeline() -> Iterator[dict[str, Any]]:
         engine_args={
             "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}
         },
+        # every test through qbatch's lane scheduler (vLLM's own behind the step cap)
+        interactive_step_tokens=256,
     )
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     admin.create_topics(
@@ -99,7 +101,16 @@ def pipeline() -> Iterator[dict[str, Any]]:
         assert raw is not None, f"no result for {rid}"
         return json.loads(raw)
 
-    yield {"send": send, "engine": engine, "worker": worker, "executor": executor}
+    yield {
+        "send": send,
+        "engine": engine,
+        "worker": worker,
+        "executor": executor,
+        "producer": producer,
+        "redis": r,
+        "settings": settings,
+        "run": run,
+    }
     executor.request_stop()
     executor_thread.join(timeout=30)
     worker.request_stop()
@@ -403,3 +414,34 @@ def test_context_policies_fit_long_prompts_on_vllm(pipeline: dict[str, Any]) -> 
     assert report["prompt_tokens_before"] > 4096
     assert cut["response"]["usage"]["prompt_tokens"] == report["prompt_tokens_after"] <= 3840
     assert report["truncated"][0]["tokens_removed"] >= report["prompt_tokens_before"] - 3840
+
+
+def test_interactive_next_to_bulk_through_the_step_cap(pipeline: dict[str, Any]) -> None:
+    """The lane scheduler is vLLM's scheduler here; bulk lines and an interactive request
+    running together all finish (the cap shapes steps, it never drops work)."""
+    engine, settings, r = pipeline["engine"], pipeline["settings"], pipeline["redis"]
+    assert engine.step_tokens == 256
+    assert engine._kwargs["scheduler_cls"].endswith("vllm_lane_scheduler.LaneScheduler")
+    bulk = [f"bulk-{uuid.uuid4().hex[:6]}-{i}" for i in range(24)]
+    for rid in bulk:
+        envelope = {
+            "request_id": rid,
+            "endpoint": "/v1/completions",
+            "body": {"prompt": "word " * 1500, "max_tokens": 48, "ignore_eos": True},
+        }
+        pipeline["producer"].send(
+            settings.bulk_topic, key=rid.encode(), value=json.dumps(envelope).encode()
+        )
+    pipeline["producer"].flush()
+    result = pipeline["send"](
+        {
+            "request_id": f"i-{uuid.uuid4().hex[:6]}",
+            "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16},
+        }
+    )
+    assert result["status"] == "succeeded"
+    for rid in bulk:
+        assert r.blpop([f"{pipeline['run']}:done:{rid}"], timeout=300) is not None
+        done = json.loads(r.get(f"{pipeline['run']}:result:{rid}"))
+        assert done["status"] == "succeeded"
+        assert done["response"]["usage"]["completion_tokens"] == 48
