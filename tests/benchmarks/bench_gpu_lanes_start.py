@@ -32,7 +32,9 @@ variant.
 
 from __future__ import annotations
 
+import argparse
 import json
+import statistics
 import threading
 import time
 import uuid
@@ -141,22 +143,73 @@ def one_variant(
     doc["bulk_with_interactive"] = bulk_job(engine, run, f"{run}-mixed", job, trickle=topic)
     worker.request_stop()
     thread.join(timeout=120)
-    idle = doc["idle_s"]
-    mixed = [x["latency_s"] for x in doc["bulk_with_interactive"]["interactive"]]
-    doc["summary"] = {
+    doc["summary"] = summarize(doc)
+    return doc
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    """One variant's figures from its raw records (also for a JSON written before a
+    figure was added here: `report` recomputes every summary)."""
+    idle = run["idle_s"]
+    interactive = run["bulk_with_interactive"]["interactive"]
+    mixed = [x["latency_s"] for x in interactive]
+    alone, mixed_rate = run["bulk_alone"]["req_per_s"], run["bulk_with_interactive"]["req_per_s"]
+    return {
         "interactive_idle": percentiles(idle),
         "interactive_from_job_start": percentiles(mixed),
         "p99_over_idle_p99": round(percentiles(mixed)["p99"] / percentiles(idle)["p99"], 3),
-        "bulk_alone_req_per_s": doc["bulk_alone"]["req_per_s"],
-        "bulk_with_interactive_req_per_s": doc["bulk_with_interactive"]["req_per_s"],
-        "bulk_ratio": round(
-            doc["bulk_with_interactive"]["req_per_s"] / doc["bulk_alone"]["req_per_s"], 3
+        "interactive_generation_ms": _p50_max(
+            [x["stages_ms"].get("generation") for x in interactive]
         ),
-        "slowest": sorted(
-            doc["bulk_with_interactive"]["interactive"], key=lambda x: -x["latency_s"]
-        )[:5],
+        "interactive_engine_queue_and_prefill_ms": _p50_max(
+            [
+                x["stages_ms"].get("engine_wait", 0) + x["stages_ms"].get("prefill", 0)
+                for x in interactive
+                if x["stages_ms"]
+            ]
+        ),
+        "bulk_alone_req_per_s": alone,
+        "bulk_with_interactive_req_per_s": mixed_rate,
+        "bulk_ratio": round(mixed_rate / alone, 3),
+        "slowest": sorted(interactive, key=lambda x: -x["latency_s"])[:5],
     }
-    return doc
+
+
+def _p50_max(values: list[float | None]) -> dict[str, float] | None:
+    present = sorted(v for v in values if v is not None)
+    if not present:
+        return None
+    return {"p50": statistics.median(present), "max": present[-1]}
+
+
+def report(docs: dict[str, dict[str, Any]]) -> str:
+    """A markdown table of every variant of every run (name -> lanes_start.json)."""
+    rows = [
+        "| job | variant | idle p50 / p99 | from the job's start p50 / p90 / p99 | p99 / idle p99 "
+        "| interactive `generation` p50 / max | vLLM queue + prefill p50 / max | bulk alone "
+        "| bulk with interactive |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, doc in docs.items():
+        for run in doc["runs"]:
+            s = summarize(run)
+            idle, mixed = s["interactive_idle"], s["interactive_from_job_start"]
+            gen, wait = s["interactive_generation_ms"], s["interactive_engine_queue_and_prefill_ms"]
+            alone = run["bulk_alone"].get("measured_by") is None
+            rows.append(
+                f"| {name} | {run.get('variant', run.get('gate'))} "
+                f"| {idle['p50']:.3f} / {idle['p99']:.3f} s "
+                f"| {mixed['p50']:.3f} / {mixed['p90']:.3f} / {mixed['p99']:.3f} s "
+                f"| {s['p99_over_idle_p99']:.1f}x "
+                f"| {_span(gen)} | {_span(wait)} "
+                f"| {'' if alone else '('}{s['bulk_alone_req_per_s']:.2f}{'' if alone else ')'} "
+                f"| {s['bulk_with_interactive_req_per_s']:.2f} ({s['bulk_ratio']:.3f}x) |"
+            )
+    return "\n".join(rows)
+
+
+def _span(p: dict[str, float] | None) -> str:
+    return "-" if p is None else f"{p['p50'] / 1000:.2f} / {p['max'] / 1000:.2f} s"
 
 
 def bulk_job(
@@ -272,4 +325,19 @@ def cancel_run(engine: Any, n: int, seed: int) -> dict[str, Any]:
     }
 
 
-__all__ = ["phase_lanes_start"]
+def main() -> None:
+    parser = argparse.ArgumentParser(description="lanes-start JSON -> the RESULTS table")
+    parser.add_argument("runs", nargs="+", help="NAME=PATH of a lanes_start.json")
+    args = parser.parse_args()
+    docs = {}
+    for item in args.runs:
+        name, _, path = item.partition("=")
+        docs[name] = json.loads(Path(path).read_text())
+    print(report(docs))
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["phase_lanes_start", "report", "summarize"]

@@ -83,6 +83,7 @@ class FakeRequest:
     extra_args: dict[str, Any] | None = None
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)
     sampling_params: Any = None
 
     def __post_init__(self) -> None:
@@ -144,6 +145,14 @@ def test_a_protected_prefill_is_served_first_with_its_own_allowance() -> None:
     waiting.num_computed_tokens = 300  # its prompt is in: decoding now
     sched.schedule()
     assert sched.steps == [(11 + 256 * 2, 256), (11 + 256, 256)]
+
+
+def test_draft_tokens_of_speculative_decoding_count_as_decodes() -> None:
+    sched = Capped()
+    sched.add_request(FakeRequest("bulk-0", spec_token_ids=[1, 2, 3]))
+    sched.add_request(FakeRequest("i-1", {STEP_TOKENS_ARG: 128}, spec_token_ids=[4, 5]))
+    sched.schedule()
+    assert sched.steps == [((1 + 3) + (1 + 2) + 128, 128)]
 
 
 def test_only_first_lane_requests_live_means_no_cap() -> None:

@@ -45,8 +45,8 @@ def requested_cap(extra_args: Mapping[str, Any] | None) -> int | None:
 
 
 def step_budget(full_budget: int, running: int, cap: int | None, prefilling: int = 0) -> int:
-    """Tokens one step may schedule: every running sequence's next token, `cap` for bulk
-    prefill and `cap` for each of the `prefilling` protected requests."""
+    """Tokens one step may schedule: every running sequence's next tokens (`running`), `cap`
+    for bulk prefill and `cap` for each of the `prefilling` protected requests."""
     if cap is None:
         return full_budget
     return min(full_budget, running + cap * (1 + prefilling))
@@ -59,6 +59,12 @@ def protected_first(running: list[Any], protected: Container[str]) -> list[Any] 
     if all(a is b for a, b in zip(front, running, strict=False)):
         return None
     return front + [r for r in running if r.request_id not in protected]
+
+
+def next_tokens(running: list[Any]) -> int:
+    """What the running sequences' decodes take in a step: one token each, plus its draft
+    tokens under speculative decoding (vLLM's `spec_token_ids`)."""
+    return sum(1 + len(getattr(r, "spec_token_ids", None) or ()) for r in running)
 
 
 def prefilling(request: Any) -> bool:
@@ -129,14 +135,15 @@ class StepCapMixin:
         cap = self._qbatch_caps.current(self.requests)
         if cap is not None and len(self.requests) <= len(self._qbatch_caps):
             cap = None  # only protected requests are live: nothing to hold back
-        pending = 0
+        pending, decodes = 0, len(self.running)
         if cap is not None:
             reordered = protected_first(self.running, self._qbatch_caps)
             if reordered is not None:
                 self.running[:] = reordered
             pending = sum(prefilling(self.requests[rid]) for rid in self._qbatch_caps.ids())
+            decodes = next_tokens(self.running)
         full = self._qbatch_full_budget
-        self.max_num_scheduled_tokens = step_budget(full, len(self.running), cap, pending)
+        self.max_num_scheduled_tokens = step_budget(full, decodes, cap, pending)
         self.scheduler_config = self._qbatch_config if cap is None else self._capped_config(cap)
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
@@ -157,6 +164,7 @@ __all__ = [
     "LiveCaps",
     "StepCapMixin",
     "chunk_threshold",
+    "next_tokens",
     "prefilling",
     "protected_first",
     "requested_cap",
