@@ -44,6 +44,7 @@ from schemas.result_size import DEFAULT_MAX_RESULT_BYTES, ResultSize
 from worker import context_window as cw
 from worker.endpoints import EndpointHandler, Prompt, RenderedPrompt, handler_for
 from worker.sampling import GENERATION_DEFAULT_KEYS, load_generation_defaults, sampling_from_body
+from worker.segment_tokens import SegmentEncoder
 from worker.template_messages import messages_to_template
 from worker.tool_loop.forced_calls import forced_schema
 
@@ -98,6 +99,8 @@ class PromptRenderer:
         if max_model_len < 1:
             raise ValueError("max_model_len must be positive")
         self.tokenizer = tokenizer
+        self.prompt_encoder = SegmentEncoder(tokenizer) if tokenizer is not None else None
+        """Rendered prompts' token ids, families' shared stretches cached (segment_tokens)."""
         self.max_model_len = max_model_len
         self.served_names = frozenset(served_names)
         self.default_max_tokens = default_max_tokens

@@ -1,6 +1,13 @@
 """Bulk throughput: `qbatch bulk submit` lines/s and `qbatch bulk collect` results/s.
 
     .venv/bin/python tests/benchmarks/bench_bulk.py --lines 100000
+    .venv/bin/python tests/benchmarks/bench_bulk.py --night --runs 3
+
+`--night`: instead, `qbatch bulk run` (submit and collect in one command, as a user runs it)
+of the night of job families (tests/benchmarks/families.py: 1,438 lines, 21 MB of long
+system prompts) through an echo worker that answers at once: the wall time is what the
+pipeline itself costs for that file (CLI start-up, scan, placement, publish, the worker's
+intake and rendering, the writes, collect), the floor under the GPU's `bulk run` figure.
 
 Needs the local stack (deploy/local/stack.sh up). Starts one echo-engine worker on a
 private topic/prefix (or uses `--workers 0` plus your own), submits an OpenAI Batch file
@@ -122,13 +129,90 @@ def run_file(src: Path, lines: int, workers: int, chunk: int, timeout: float) ->
     return figures
 
 
+def run_night(runs: int, timeout: float) -> dict[str, object]:
+    """`qbatch bulk run` of the night file, `runs` times (a fresh job each), one echo worker."""
+    from tests.benchmarks import bench_runbatch as rb
+    from tests.benchmarks import families
+
+    lane = Lane.new("night")
+    lane.create_topics()
+    walls: list[float] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "night.jsonl"
+            lines = families.night_lines(rb.vocab_words())
+            rb.write_jsonl(src, lines)
+            proc = start_worker(lane, log=Path(tmp) / "worker.log")
+            try:
+                time.sleep(1.0)
+                for k in range(runs):
+                    out = Path(tmp) / f"out-{k}.jsonl"
+                    t0 = time.monotonic()
+                    done = qbatch(
+                        lane, "-q", "bulk", "run", str(src), "--job", f"night-{k}",
+                        "--out", str(out), timeout=timeout,
+                    )  # fmt: skip
+                    walls.append(round(time.monotonic() - t0, 3))
+                    if done.returncode != 0:
+                        raise SystemExit(
+                            f"bulk run failed ({done.returncode}): {done.stderr[-2000:]}"
+                        )
+                    assert sum(1 for _ in out.open()) == len(lines)
+            finally:
+                stop_worker(proc)
+            size = src.stat().st_size
+    finally:
+        lane.delete_topics()
+        lane.clean_redis()
+    return {
+        "lines": len(lines),
+        "file_bytes": size,
+        "bulk_run_wall_s": walls,
+        "render_s": render_seconds(lines),
+        "render_whole_text_s": render_seconds(lines, cache=False),
+    }
+
+
+def render_seconds(lines: list[dict[str, object]], cache: bool = True) -> float:
+    """Rendering every line as a vLLM worker does (Qwen3's chat template and tokenizer, the
+    fixtures'), on one thread: the dispatcher's share the echo worker does not pay.
+    `cache=False`: each prompt tokenized whole (worker/segment_tokens.py off)."""
+    from transformers import AutoTokenizer
+
+    from schemas import RequestEnvelope
+    from tests.benchmarks.bench_runbatch import SERVED
+    from worker.rendering import PromptRenderer
+
+    fixture = HERE.parents[1] / "fixtures" / "qwen3-14b"
+    renderer = PromptRenderer(
+        AutoTokenizer.from_pretrained(fixture), max_model_len=4096, served_names={SERVED}
+    )
+    if not cache:
+        renderer.prompt_encoder = None
+    envs = [
+        RequestEnvelope.model_validate(
+            {"request_id": line["custom_id"], "endpoint": line["url"], "body": line["body"]}
+        )
+        for line in lines
+    ]
+    t0 = time.perf_counter()
+    for env in envs:
+        renderer.render(env)
+    return round(time.perf_counter() - t0, 3)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--night", action="store_true", help="bulk run of the night file")
+    parser.add_argument("--runs", type=int, default=3, help="--night: runs, one after another")
     parser.add_argument("--lines", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=1, help="echo workers to start")
     parser.add_argument("--chunk", type=int, default=5_000)
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
+    if args.night:
+        print(json.dumps(run_night(args.runs, args.timeout)))
+        return 0
     f = run(args.lines, args.workers, args.chunk, args.timeout)
     print(f"lines:             {f['lines']:,}")
     print(

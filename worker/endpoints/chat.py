@@ -113,8 +113,11 @@ class ChatHandler(EndpointHandler):
             ) from None
         if not isinstance(text, str):  # pragma: no cover - tokenize=False always gives str
             raise TypeError("apply_chat_template(tokenize=False) did not return text")
-        special = bool(body.add_special_tokens)
-        token_ids = list(tokenizer.encode(text, add_special_tokens=special))
+        if body.add_special_tokens or renderer.prompt_encoder is None:
+            special = bool(body.add_special_tokens)
+            token_ids = list(tokenizer.encode(text, add_special_tokens=special))
+        else:
+            token_ids = renderer.prompt_encoder.encode(text)
         return Prompt(text, token_ids, len(token_ids), thinking and renderer.template_thinks, tools)
 
     def measure(self, renderer: PromptRenderer, body: ChatCompletionBody, prompt: Prompt) -> int:
