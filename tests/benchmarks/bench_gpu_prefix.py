@@ -123,6 +123,9 @@ def _files(out: Path, args: argparse.Namespace) -> dict[str, Path]:
     if args.night:
         files["N"] = args.work / "night.jsonl"
         rb.write_jsonl(files["N"], families.night_lines(words, seed=args.night_seed))
+    if args.only:
+        wanted = set(args.only.split(","))
+        files = {name: path for name, path in files.items() if name in wanted}
     return files
 
 
@@ -347,7 +350,7 @@ def phase_qbatch(out: Path, args: argparse.Namespace) -> None:
     ]
     try:
         time.sleep(3 if args.dry else 8)  # the group join and the partition assignment
-        plan = [("P", p) for p in placements]
+        plan = [("P", p) for p in placements] if "P" in files else []
         if "N" in files:
             plan += [("N", p) for p in placements]
         if "W" in files:
@@ -466,6 +469,9 @@ def main() -> None:
         help="also the night of job families (tests/benchmarks/families.py), file N",
     )
     parser.add_argument("--night-seed", type=int, default=7)
+    parser.add_argument(
+        "--only", default="", help="run only these files (comma-separated of P, W, N)"
+    )
     parser.add_argument("--sorted", action="store_true", help="raw: also P and N sorted by family")
     parser.add_argument("--warmup", type=int, default=64)
     parser.add_argument("--workers", type=int, default=1, help="qbatch: engines on the GPU")

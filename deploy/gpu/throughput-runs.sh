@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The throughput measurements of issue 43 on the lent GPU, one phase after another, each
+# writing under $DIR as it ends (a budget running out still leaves the earlier ones):
+#
+#   1. bench_gpu full --model 0.6b: raw LLM.generate (A) and the worker (C) on W, 6,000
+#      requests, each engine in its own child process;
+#   2. the worker (C) on 0.6B again under py-spy (--gil --threads, raw stacks): where the
+#      GIL goes in the worker process at full load; summed by tests/benchmarks/profile_summary.py;
+#   3. bench_gpu_prefix raw --night --sorted, then qbatch --night: the night of job
+#      families in file order, sorted by family, and through `qbatch bulk run`; report.
+#
+# Run it detached (it outlives one device call):
+#   bash deploy/gpu/bg.sh start tput "bash deploy/gpu/throughput-runs.sh /tmp/t43"
+# Phases: PHASES="full profile prefix" (default all), N (6000).
+set -uo pipefail
+
+DIR=${1:?usage: throughput-runs.sh DIR}
+PHASES=${PHASES:-full profile prefix}
+N=${N:-6000}
+PY=${PYTHON:-python3}
+mkdir -p "$DIR"
+log() { echo "throughput-runs: [$SECONDS s] $*"; }
+
+for phase in $PHASES; do
+  case $phase in
+    full)
+      log "full --model 0.6b --n $N"
+      $PY -m tests.benchmarks.bench_gpu full --model 0.6b --n "$N" --b64 0 --b16 0 \
+        --warmup 64 --budget-s 900 --out "$DIR/full-0.6b" || log "full exited $?"
+      ;;
+    profile)
+      spy=$(command -v py-spy || echo "${SITE:-/tmp/site}/bin/py-spy")
+      log "C on 0.6B under $spy"
+      mkdir -p "$DIR/profile"
+      "$spy" record --gil --threads -r 100 -f raw -o "$DIR/profile/c-0.6b.txt" -- \
+        $PY -m tests.benchmarks.bench_gpu continuous --model 0.6b --n "$N" --lone 0 \
+        --sweep 0 --warmup 64 --out "$DIR/profile" || log "profile exited $?"
+      $PY -m tests.benchmarks.profile_summary "$DIR/profile/c-0.6b.txt" --top 30 \
+        > "$DIR/profile/summary.md" || true
+      ;;
+    prefix)
+      log "prefix: raw (file order and sorted), qbatch, report"
+      B="$PY -m tests.benchmarks.bench_gpu_prefix"
+      $B raw --out "$DIR/prefix" --warmup 64 --night --only N --sorted || log "raw exited $?"
+      $B qbatch --out "$DIR/prefix" --warmup 64 --night --only N --placements prefix \
+        || log "qbatch exited $?"
+      $B report --out "$DIR/prefix" || true
+      ;;
+    *) log "unknown phase $phase"; exit 2 ;;
+  esac
+done
+log "done"
