@@ -18,9 +18,9 @@ from worker.engines.step_cap import (
     StepCapMixin,
     chunk_threshold,
     prefilling,
-    protected_first,
     requested_cap,
     step_budget,
+    step_order,
 )
 
 
@@ -51,15 +51,20 @@ def test_budget_and_chunk_rules() -> None:
     assert chunk_threshold(4096, 512) == 512
 
 
-def test_protected_requests_move_to_the_front_in_order() -> None:
-    b0, b1, b2 = FakeRequest("b0"), FakeRequest("b1"), FakeRequest("b2")
-    i0, i1 = FakeRequest("i0"), FakeRequest("i1")
-    assert protected_first([b0, i1, b1, i0, b2], {"i0", "i1"}) == [i1, i0, b0, b1, b2]
-    assert protected_first([i0, i1, b0], {"i0", "i1"}) is None
-    assert protected_first([b0, b1], {"i0"}) is None
-    assert prefilling(FakeRequest("w", num_prompt_tokens=300))
-    assert prefilling(FakeRequest("c", num_prompt_tokens=300, num_computed_tokens=256))
-    assert not prefilling(FakeRequest("d", num_prompt_tokens=300, num_computed_tokens=300))
+def test_a_capped_step_serves_protected_then_decoding_then_bulk_chunks() -> None:
+    b0, b1 = FakeRequest("b0", is_prefill_chunk=True), FakeRequest("b1")
+    b2, b3 = FakeRequest("b2", is_prefill_chunk=True), FakeRequest("b3")
+    i0, i1 = FakeRequest("i0", is_prefill_chunk=True), FakeRequest("i1")
+    running = [b0, i1, b1, b2, i0, b3]
+    assert step_order(running, {"i0", "i1"}) == [i1, i0, b1, b3, b0, b2]
+    assert step_order([i1, i0, b1, b3, b0, b2], {"i0", "i1"}) is None
+    assert step_order([b1, b0], {"i0"}) is None
+
+
+def test_what_counts_as_still_prefilling() -> None:
+    assert prefilling(FakeRequest("new", num_computed_tokens=0))  # waiting, nothing computed
+    assert prefilling(FakeRequest("chunk", num_computed_tokens=256, is_prefill_chunk=True))
+    assert not prefilling(FakeRequest("decoding", num_prompt_tokens=300, num_computed_tokens=310))
 
 
 def test_live_caps_drop_finished_requests() -> None:
@@ -75,6 +80,7 @@ def test_live_caps_drop_finished_requests() -> None:
 class Config:
     long_prefill_token_threshold: int = 0
     max_num_batched_tokens: int = 16384
+    enable_chunked_prefill: bool = True
 
 
 @dataclass(eq=False)
@@ -82,8 +88,10 @@ class FakeRequest:
     request_id: str
     extra_args: dict[str, Any] | None = None
     num_prompt_tokens: int = 0
-    num_computed_tokens: int = 0
+    num_computed_tokens: int = 1
+    """Running and decoding unless a test says otherwise."""
     spec_token_ids: list[int] = field(default_factory=list)
+    is_prefill_chunk: bool = False
     sampling_params: Any = None
 
     def __post_init__(self) -> None:
@@ -118,6 +126,15 @@ class Capped(StepCapMixin, FakeScheduler):
     pass
 
 
+@dataclass
+class MambaScheduler(FakeScheduler):
+    need_mamba_block_aligned_split: bool = True
+
+
+class CappedMamba(StepCapMixin, MambaScheduler):
+    pass
+
+
 def test_steps_are_capped_only_while_a_first_lane_request_is_live_beside_others() -> None:
     sched = Capped()
     base = sched.scheduler_config
@@ -136,15 +153,26 @@ def test_steps_are_capped_only_while_a_first_lane_request_is_live_beside_others(
 def test_a_protected_prefill_is_served_first_with_its_own_allowance() -> None:
     sched = Capped()
     for i in range(10):
-        sched.add_request(FakeRequest(f"bulk-{i}", num_prompt_tokens=2000, num_computed_tokens=512))
-    waiting = FakeRequest("i-1", {STEP_TOKENS_ARG: 256}, num_prompt_tokens=300)
-    sched.add_request(waiting)
+        chunk = i % 3 == 0
+        sched.add_request(FakeRequest(f"bulk-{i}", num_computed_tokens=512, is_prefill_chunk=chunk))
+    protected = FakeRequest("i-1", {STEP_TOKENS_ARG: 256}, num_computed_tokens=0)
+    sched.add_request(protected)
     running = sched.running
     sched.schedule()
-    assert sched.running is running and sched.running[0] is waiting  # moved in place
-    waiting.num_computed_tokens = 300  # its prompt is in: decoding now
+    assert sched.running is running and sched.running[0] is protected  # moved in place
+    chunks = [r.request_id for r in sched.running if r.is_prefill_chunk]
+    assert [r.request_id for r in sched.running[-len(chunks) :]] == chunks  # bulk chunks last
+    protected.num_computed_tokens = 301  # its prompt is in: decoding now
     sched.schedule()
     assert sched.steps == [(11 + 256 * 2, 256), (11 + 256, 256)]
+
+
+def test_no_cap_where_vllm_must_not_chunk() -> None:
+    for sched in (Capped(scheduler_config=Config(enable_chunked_prefill=False)), CappedMamba()):
+        sched.add_request(FakeRequest("bulk-0"))
+        sched.add_request(FakeRequest("i-1", {STEP_TOKENS_ARG: 128}))
+        sched.schedule()
+        assert sched.steps == [(16384, 0)]
 
 
 def test_draft_tokens_of_speculative_decoding_count_as_decodes() -> None:

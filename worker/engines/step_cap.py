@@ -11,13 +11,20 @@ the vLLM engine from `QBATCH_INTERACTIVE_STEP_TOKENS`), and while one is live in
 engine (waiting or running) and other requests share it, each step schedules at most
 `running + cap` tokens, plus `cap` more for each protected request still in its prefill,
 and no prefill chunk longer than `cap`: the decodes of every running sequence still go in,
-bulk prefill goes on at most `cap` tokens a step. Protected running requests move to the
-front of vLLM's running list for the step, so their own prefill chunks are served before
-a bulk one (vLLM serves running requests in list order, then the waiting queue, where the
-priority policy already puts them first): measured on the H100 without that, a capped
-step's few prefill tokens went to the bulk chunk ahead, and interactive requests waited
-~0.7 s in vLLM's queue and ~0.8 s in prefill. The price is bulk prefill throughput while
-interactive requests run, measured in RESULTS.md.
+bulk prefill goes on at most `cap` tokens a step (a protected request's allowance it
+cannot use, e.g. waiting for its grammar, goes to bulk too: at most `cap` times one plus
+the protected requests prefilling). vLLM serves running requests in list order, each chunk
+taking what the budget has left, then the waiting queue (where the priority policy puts
+protected requests first); so for a capped step the running list is put in the order
+protected, decoding, bulk prefill chunks (stable within each, in place): a decode is never
+left without its token behind two bulk chunks, and a protected request's own prefill never
+waits for a bulk chunk ahead of it (measured on the H100 before that order: interactive
+requests waited ~0.7 s in vLLM's queue and ~0.8 s in prefill at cap 256). The price is bulk
+prefill throughput while interactive requests run, measured in RESULTS.md.
+
+Not applied (vLLM's own steps) where chunked prefill is off, since a cap would chunk
+prompts vLLM must not chunk, or where a hybrid model aligns chunks to Mamba blocks, since
+a cap under the block size would round every chunk to nothing.
 
 Pure (no vLLM import): `StepCapMixin` wraps any class with vLLM's scheduler attributes
 (`schedule`, `add_request`, `requests`, `running`, `max_num_scheduled_tokens`,
@@ -52,13 +59,22 @@ def step_budget(full_budget: int, running: int, cap: int | None, prefilling: int
     return min(full_budget, running + cap * (1 + prefilling))
 
 
-def protected_first(running: list[Any], protected: Container[str]) -> list[Any] | None:
-    """`running` with the protected requests moved to the front (stable), or None when
-    they are there already (the common case: nothing to rewrite)."""
-    front = [r for r in running if r.request_id in protected]
-    if all(a is b for a, b in zip(front, running, strict=False)):
+def step_order(running: list[Any], protected: Container[str]) -> list[Any] | None:
+    """`running` in the order a capped step serves it: protected requests, then the other
+    decoding ones, then the other prefill chunks (stable within each); None when it is in
+    that order already (the common case: nothing to rewrite)."""
+    front, decoding, chunks = [], [], []
+    for request in running:
+        if request.request_id in protected:
+            front.append(request)
+        elif getattr(request, "is_prefill_chunk", False):
+            chunks.append(request)
+        else:
+            decoding.append(request)
+    ordered = front + decoding + chunks
+    if all(a is b for a, b in zip(ordered, running, strict=True)):
         return None
-    return front + [r for r in running if r.request_id not in protected]
+    return ordered
 
 
 def next_tokens(running: list[Any]) -> int:
@@ -68,10 +84,12 @@ def next_tokens(running: list[Any]) -> int:
 
 
 def prefilling(request: Any) -> bool:
-    """Still computing its prompt (waiting, or a chunk at a time)."""
-    return int(getattr(request, "num_computed_tokens", 0)) < int(
-        getattr(request, "num_prompt_tokens", 0)
-    )
+    """Still computing its prompt: a running one part way through it (vLLM's
+    `is_prefill_chunk`), or one waiting with nothing computed (new, or preempted and to
+    recompute)."""
+    if getattr(request, "is_prefill_chunk", False):
+        return True
+    return int(getattr(request, "num_computed_tokens", 0)) == 0
 
 
 def chunk_threshold(configured: int, cap: int) -> int:
@@ -123,6 +141,9 @@ class StepCapMixin:
         self._qbatch_full_budget = self.max_num_scheduled_tokens
         self._qbatch_config = self.scheduler_config
         self._qbatch_capped_configs: dict[int, Any] = {}
+        self._qbatch_applies = bool(
+            getattr(self.scheduler_config, "enable_chunked_prefill", True)
+        ) and not getattr(self, "need_mamba_block_aligned_split", False)
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)  # type: ignore[misc]
@@ -132,12 +153,12 @@ class StepCapMixin:
             self._qbatch_caps.add(request.request_id, cap)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        cap = self._qbatch_caps.current(self.requests)
+        cap = self._qbatch_caps.current(self.requests) if self._qbatch_applies else None
         if cap is not None and len(self.requests) <= len(self._qbatch_caps):
             cap = None  # only protected requests are live: nothing to hold back
         pending, decodes = 0, len(self.running)
         if cap is not None:
-            reordered = protected_first(self.running, self._qbatch_caps)
+            reordered = step_order(self.running, self._qbatch_caps)
             if reordered is not None:
                 self.running[:] = reordered
             pending = sum(prefilling(self.requests[rid]) for rid in self._qbatch_caps.ids())
@@ -166,7 +187,7 @@ __all__ = [
     "chunk_threshold",
     "next_tokens",
     "prefilling",
-    "protected_first",
     "requested_cap",
     "step_budget",
+    "step_order",
 ]
