@@ -142,7 +142,9 @@ def run_night(runs: int, timeout: float) -> dict[str, object]:
             src = Path(tmp) / "night.jsonl"
             lines = families.night_lines(rb.vocab_words())
             rb.write_jsonl(src, lines)
-            proc = start_worker(lane, log=Path(tmp) / "worker.log")
+            proc = start_worker(
+                lane, "--served-model-name", rb.SERVED, log=Path(tmp) / "worker.log"
+            )
             try:
                 time.sleep(1.0)
                 for k in range(runs):
