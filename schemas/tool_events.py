@@ -41,6 +41,10 @@ class ToolTurnEvent(BaseModel):
         # another id would answer (and sign) a request it does not carry.
         if self.request_id != self.envelope.request_id:
             raise ValueError("request_id must equal envelope.request_id")
+        # Only a tool loop's turn makes an event; without `tool_loop` its continuation
+        # could not be read back (the fuzz suite found one the executor would publish).
+        if self.envelope.tool_loop is None:
+            raise ValueError("envelope.tool_loop is required: the event is a tool loop's turn")
         return self
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -155,8 +155,23 @@ def test_executor_arbitrary_bytes(raw: bytes) -> None:
     check_event(raw)
 
 
+NO_TOOL_LOOP_EVENT = (
+    b'{"v": 1, "request_id": "r1", "turn": 1, "lane": "bulk", "envelope": {"job_id": "j1", '
+    b'"priority": 0, "result_ttl_s": 86400, "metadata": {"team": "t"}, "v": 1, '
+    b'"request_id": "r1", "endpoint": "/v1/chat/completions", "body": {"messages": '
+    b'[{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": '
+    b'{"name": "f", "parameters": {"type": "object"}}}], "tool_choice": "required"}}, '
+    b'"message": {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", '
+    b'"function": {"name": "f", "arguments": "{\\"a\\": 1}"}}]}, "usage": '
+    b'{"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}, "emitted_ms": 7}'
+)
+"""Found by this suite (2026-12-07): an event whose envelope lost `tool_loop` passed as an
+event, and the executor published an aborted continuation no worker could read."""
+
+
 @FAST
 @given(mutated_events())
+@example(NO_TOOL_LOOP_EVENT)
 def test_executor_mutated_valid_events(raw: bytes) -> None:
     check_event(raw)
 
