@@ -45,6 +45,8 @@ class ToolTurnEvent(BaseModel):
         # could not be read back (the fuzz suite found one the executor would publish).
         if self.envelope.tool_loop is None:
             raise ValueError("envelope.tool_loop is required: the event is a tool loop's turn")
+        if self.turn >= self.envelope.tool_loop.max_turns:  # the worker answers that turn
+            raise ValueError("turn: a loop's last turn makes no event (tool_loop.max_turns)")
         return self
 
 

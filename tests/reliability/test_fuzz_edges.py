@@ -167,11 +167,17 @@ NO_TOOL_LOOP_EVENT = (
 )
 """Found by this suite (2026-12-07): an event whose envelope lost `tool_loop` passed as an
 event, and the executor published an aborted continuation no worker could read."""
+LAST_TURN_EVENT = NO_TOOL_LOOP_EVENT.replace(b'"turn": 1', b'"turn": 3').replace(
+    b'"metadata": {"team": "t"}', b'"metadata": {"team": "t"}, "tool_loop": {"max_turns": 3}'
+)
+"""Found the same day by the long run: an event of a loop's last turn (the worker answers
+that turn itself) made a continuation past `tool_loop.max_turns`."""
 
 
 @FAST
 @given(mutated_events())
 @example(NO_TOOL_LOOP_EVENT)
+@example(LAST_TURN_EVENT)
 def test_executor_mutated_valid_events(raw: bytes) -> None:
     check_event(raw)
 
