@@ -28,15 +28,24 @@ GROUP_TIMEOUTS = {
     "heartbeat_interval_ms": 1_000,
     "max_poll_interval_ms": 45_000,  # the transaction steps between polls stay well inside
 }
-SETTLE_S = 90.0  # several session timeouts: the broker evicts a stuck member, the rest rejoin
+SETTLE_S = 40.0  # several session timeouts: the broker evicts a stuck member, the rest rejoin
+GROUP_ATTEMPTS = 3  # a group that never settles is rebuilt under a new name
+
+
+class GroupNotSettled(Exception):
+    """The two-member group did not reach the wanted assignment in time. CI once saw a
+    member keep both partitions for 90 s after its partner was given one (kafka-python
+    never rejoined); the group protocol is not what this test is about, so a fresh group
+    is built instead of failing."""
 
 
 def _poll_until(consumers: list[KafkaConsumer], done: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not done():
-        assert time.monotonic() < deadline, "the group did not settle: " + ", ".join(
-            f"member {i}: {sorted(c.assignment())}" for i, c in enumerate(consumers)
-        )
+        if time.monotonic() >= deadline:
+            raise GroupNotSettled(
+                ", ".join(f"member {i}: {sorted(c.assignment())}" for i, c in enumerate(consumers))
+            )
         for consumer in consumers:
             consumer.poll(timeout_ms=100)
 
@@ -70,28 +79,45 @@ def test_an_aborted_transactions_offsets_stay_uncommitted(
     # the coordinator's timeline is printed if the group fails to settle
     caplog.set_level(logging.DEBUG, logger="kafka.coordinator")
     source, sink = fresh_topic(partitions=2), fresh_topic(partitions=1)
-    group = f"{prefix}-{'p' if patched else 'u'}-group"
     both = {TopicPartition(source, 0), TopicPartition(source, 1)}
+    failures: list[str] = []
+    for attempt in range(GROUP_ATTEMPTS):
+        group = f"{prefix}-{'p' if patched else 'u'}-group{attempt}"
+        try:
+            _check_aborted_offsets(kafka_bootstrap, kafka_admin, source, sink, group, both, patched)
+            return
+        except GroupNotSettled as exc:
+            failures.append(str(exc))
+    pytest.fail(f"the group did not settle in {GROUP_ATTEMPTS} fresh groups: {failures}")
 
-    def member() -> KafkaConsumer:
-        consumer = KafkaConsumer(
-            bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False
-        )
-        # subscribe, then load the topic's metadata before the first poll (the rule
-        # worker.kafka_io follows; else a second rebalance may come a moment later)
-        consumer.subscribe([source])
-        deadline = time.monotonic() + 30
-        while not consumer.partitions_for_topic(source) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return consumer
 
-    first = member()
+def _member(bootstrap: str, group: str, source: str) -> KafkaConsumer:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    # subscribe, then load the topic's metadata before the first poll (the rule
+    # worker.kafka_io follows; else a second rebalance may come a moment later)
+    consumer.subscribe([source])
+    deadline = time.monotonic() + 30
+    while not consumer.partitions_for_topic(source) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return consumer
+
+
+def _check_aborted_offsets(
+    bootstrap: str,
+    admin: Any,
+    source: str,
+    sink: str,
+    group: str,
+    both: set[TopicPartition],
+    patched: bool,
+) -> None:
+    first = _member(bootstrap, group, source)
     consumers: list[KafkaConsumer] = [first]
     producer: Any = None
     try:
         _poll_until(consumers, lambda: first.assignment() == both, SETTLE_S)
         stale = first.group_metadata()  # generation 1: both partitions are first's
-        second = member()
+        second = _member(bootstrap, group, source)
         consumers.append(second)
         _poll_until(
             consumers, lambda: len(first.assignment()) == len(second.assignment()) == 1, SETTLE_S
@@ -99,7 +125,7 @@ def test_an_aborted_transactions_offsets_stay_uncommitted(
         kept = next(iter(first.assignment()))
         (given_away,) = both - {kept}
 
-        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{group}-txn")
+        producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"{group}-txn")
         producer.init_transactions()
         producer.begin_transaction()
         producer.send(sink, b"aborted")
@@ -119,7 +145,7 @@ def test_an_aborted_transactions_offsets_stay_uncommitted(
         )
         producer.commit_transaction()
 
-        committed = _committed_offsets(kafka_admin, group, kept, 15)
+        committed = _committed_offsets(admin, group, kept, 15)
         assert committed.get(kept) == 7
         # The aborted transaction's offset for the partition now owned by `second`:
         assert committed.get(given_away) == (None if patched else 5)
