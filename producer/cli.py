@@ -145,7 +145,9 @@ def submit(
     ] = None,
     endpoint: Annotated[
         str | None,
-        typer.Option(help="/v1/chat/completions or /v1/completions (default: from the body)."),
+        typer.Option(
+            help="/v1/chat/completions, /v1/completions or /v1/embeddings (default: from the body)."
+        ),
     ] = None,
     request_id: Annotated[
         str | None, typer.Option("--request-id", help="Default: generated.")

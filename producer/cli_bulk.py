@@ -99,7 +99,7 @@ def _defaults(
         max_prompt_tokens=max_prompt_tokens,
     )
     try:
-        return Defaults(**options)
+        return Defaults(embeddings_base64=True, **options)
     except ContractError as exc:
         raise usage_error(f"bad default: {exc.message}") from None
 

@@ -40,6 +40,8 @@ from schemas import (
     encode_request,
     validate_envelope,
 )
+from schemas.embeddings import EmbeddingList, decode_vector
+from schemas.endpoints import EMBEDDINGS
 from schemas.kafka_compat import repair_idempotent_reset
 from schemas.redis_conn import connect, is_cluster, mget
 from schemas.result_size import check_asked
@@ -61,6 +63,23 @@ DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
 }
 """kafka-python producer settings: durable (acks=all, idempotent, retried until the
 delivery timeout) and batched for throughput. Override with `producer_config=`."""
+
+
+class EmbeddingFailed(RuntimeError):
+    """`QBatchClient.embed` got a result that is not vectors; `result` says why."""
+
+    def __init__(self, result: ResultEnvelope) -> None:
+        error = result.error
+        detail = f"{error.code}: {error.message} ({error.param})" if error else "no vectors"
+        super().__init__(f"embedding {result.request_id} {result.status}: {detail}")
+        self.result = result
+
+
+def _plain(value: Any) -> Any:
+    """Sequences (tuples, numpy-free iterables of ids) as JSON lists."""
+    if isinstance(value, str):
+        return value
+    return [item if isinstance(item, str | int) else list(item) for item in value]
 
 
 class PublishError(RuntimeError):
@@ -377,6 +396,36 @@ class QBatchClient:
             if left <= 0:
                 return found
             self._block([self.keys.done(rid) for rid in missing[:256]], left)
+
+    def embed(
+        self,
+        input: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+        *,
+        model: str | None = None,
+        dimensions: int | None = None,
+        timeout: float | None = 60.0,
+        lane: str | None = None,
+        **options: Any,
+    ) -> list[list[float]]:
+        """Embed `input` (a string, strings, token ids, or lists of token ids) and wait:
+        one vector per input, in input order, as floats (sent as base64 on the wire, a
+        quarter of the size). Needs a worker pool started with `--task embed`.
+
+        `options`: request options, as `submit` takes them. Raises `EmbeddingFailed`
+        (the result, with its error naming the field) when the request did not succeed,
+        and `TimeoutError` when no result came within `timeout` seconds."""
+        body: dict[str, Any] = {"input": _plain(input), "encoding_format": "base64"}
+        if model is not None:
+            body["model"] = model
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        rid = self.submit(body, endpoint=EMBEDDINGS.path, lane=lane, **options)
+        result = self.wait(rid, timeout=timeout)
+        if result is None:
+            raise TimeoutError(f"no result for {rid} within {timeout} s")
+        if not result.ok or not isinstance(result.response, EmbeddingList):
+            raise EmbeddingFailed(result)
+        return [decode_vector(item.embedding) for item in result.response.data]
 
     def summarize(self, text: str, *, tokenizer: Any, **settings: Any) -> Any:
         """Summarise a long `text` map-reduce style (needs `pip install 'qbatch[docs]'`).

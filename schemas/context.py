@@ -58,6 +58,8 @@ class Truncation(BaseModel):
 
     message: int | None = None
     """Index in `body.messages` of the message cut (None: a completions prompt)."""
+    input: int | None = None
+    """Index in `body.input` of the embeddings input cut."""
     tokens_removed: int
 
 

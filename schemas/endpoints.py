@@ -20,6 +20,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Discriminator, Tag
 
 from schemas.bodies import ChatCompletionBody, CompletionBody
+from schemas.embeddings import EmbeddingBody, EmbeddingList
 from schemas.result import ChatCompletion, Completion
 
 
@@ -27,6 +28,7 @@ class Task(StrEnum):
     """What an engine does for a request (vLLM's task names)."""
 
     generate = "generate"
+    embed = "embed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +48,9 @@ CHAT = EndpointSpec(
     "/v1/chat/completions", ChatCompletionBody, ChatCompletion, Task.generate, "messages", True
 )
 COMPLETIONS = EndpointSpec("/v1/completions", CompletionBody, Completion, Task.generate, "prompt")
+EMBEDDINGS = EndpointSpec("/v1/embeddings", EmbeddingBody, EmbeddingList, Task.embed, "input")
 
-ENDPOINTS: tuple[EndpointSpec, ...] = (CHAT, COMPLETIONS)
+ENDPOINTS: tuple[EndpointSpec, ...] = (CHAT, COMPLETIONS, EMBEDDINGS)
 """Every endpoint, the default (chat) first."""
 BY_PATH: dict[str, EndpointSpec] = {spec.path: spec for spec in ENDPOINTS}
 PATHS: tuple[str, ...] = tuple(BY_PATH)
@@ -80,12 +83,13 @@ def _body_tag(value: Any) -> str:
 
 Body = Annotated[
     Annotated[ChatCompletionBody, Tag(CHAT.path)]
-    | Annotated[CompletionBody, Tag(COMPLETIONS.path)],
+    | Annotated[CompletionBody, Tag(COMPLETIONS.path)]
+    | Annotated[EmbeddingBody, Tag(EMBEDDINGS.path)],
     Discriminator(_body_tag),
 ]
 """A request body: the union of the table's body models, told apart by their input field."""
 
-Response = ChatCompletion | Completion
+Response = ChatCompletion | Completion | EmbeddingList
 """A result's response: the union of the table's response models."""
 
 
@@ -93,6 +97,7 @@ __all__ = [
     "BY_PATH",
     "CHAT",
     "COMPLETIONS",
+    "EMBEDDINGS",
     "ENDPOINTS",
     "PATHS",
     "Body",

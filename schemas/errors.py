@@ -57,8 +57,10 @@ def loc_to_param(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
             after_tag = False
-        elif "[" in part or part.startswith(("constrained-", "/")):
-            continue  # "/v1/...": the body union's tag, an endpoint path (schemas.endpoints)
+        elif part.startswith("/"):  # the body union's tag, an endpoint path: a body field
+            after_tag = True  # follows it, even one named like a tag (`user`)
+        elif "[" in part or part.startswith("constrained-"):
+            continue
         elif part in _UNION_TAGS and not after_tag:
             after_tag = True
         else:

@@ -191,9 +191,10 @@ class RequestEnvelope(RequestOptions):
     def _body_matches_endpoint(self) -> RequestEnvelope:
         expected = BY_PATH[self.endpoint]
         if not isinstance(self.body, expected.body):
-            raise ValueError(
-                f"body: {self.endpoint} takes `{expected.input_field}`, not "
-                f"`{spec_of(self.body).input_field}`"
+            raise field_error(
+                "body",
+                f"{self.endpoint} takes `{expected.input_field}`, not "
+                f"`{spec_of(self.body).input_field}`",
             )
         if self.loop is not None and self.tool_loop is None:
             raise ValueError("loop: a continuation needs `tool_loop`")
@@ -208,8 +209,8 @@ class RequestEnvelope(RequestOptions):
         ):
             raise field_error(
                 "context.strategy",
-                "sliding_window drops chat turns; a /v1/completions prompt takes "
-                "truncate_middle or truncate_head",
+                f"sliding_window drops chat turns; {self.endpoint} takes truncate_middle or "
+                "truncate_head",
             )
         if self.loop is not None and self.tool_loop and self.loop.turn > self.tool_loop.max_turns:
             raise ValueError("loop.turn: beyond tool_loop.max_turns")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.context import ContextReport
+from schemas.embeddings import EmbeddingList
 from schemas.errors import ErrorCode, ErrorInfo
 from schemas.messages import ToolCall
 from schemas.ref import RequestRef
@@ -229,6 +230,7 @@ _SUCCEEDED_HEAD = re.compile(
     rb'\{"v":1,"request_id":"[^"]*",(?:"job_id":"[^"]*",)?"status":"succeeded","response":'
 )
 _RESPONSE_END = b',"tool_call_errors":'
+_EMBEDDINGS_HEAD = b'{"object":"list","data":['
 
 
 def response_span(raw: bytes) -> tuple[int, int] | None:
@@ -250,8 +252,17 @@ def light_result(raw: bytes, span: tuple[int, int]) -> ResultEnvelope:
     """The stored result parsed without its response's `choices` (ids, model, usage,
     timings: what accounting needs), at the cost of its small parts only. The choices
     are the first `"choices"` key of the response and end where its top-level `"usage"`
-    begins (choices hold no such key)."""
+    begins (choices hold no such key). An embeddings response's `data` is skipped the
+    same way: it opens the response and ends where its `"model"` begins (vectors hold
+    only numbers and base64 strings)."""
     start, end = span
+    if raw.startswith(_EMBEDDINGS_HEAD, start):  # the vectors: what it skips for embeddings
+        model = raw.rfind(b'],"model":', start, end)
+        if model > start:
+            return ResultEnvelope.model_validate_json(
+                raw[: start + len(_EMBEDDINGS_HEAD)] + raw[model:]
+            )
+        return ResultEnvelope.model_validate_json(raw)
     choices = raw.find(b',"choices":[', start, end)
     usage = raw.rfind(b',"usage":{', start, end)
     if choices < 0 or usage < choices:
@@ -280,7 +291,7 @@ class ResultEnvelope(ResultModel):
     request_id: str
     job_id: str | None = None
     status: Status
-    response: ChatCompletion | Completion | None = None
+    response: ChatCompletion | Completion | EmbeddingList | None = None
     tool_call_errors: list[ToolCallError] = Field(default_factory=list)
     error: ErrorInfo | None = None
     custom_id: str | None = None
@@ -302,7 +313,7 @@ class ResultEnvelope(ResultModel):
         request: RequestEnvelope | RequestRef,
         status: Status,
         *,
-        response: ChatCompletion | Completion | None = None,
+        response: ChatCompletion | Completion | EmbeddingList | None = None,
         error: ErrorInfo | None = None,
         tool_call_errors: list[ToolCallError] | None = None,
         timings: Timings | None = None,

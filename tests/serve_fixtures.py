@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.integration.workers import REPO, Lane
+from tests.integration.workers import REPO, Lane, echo_worker
 
 KEY_A, KEY_B = "sk-test-team-a-0123456789", "sk-test-team-b-9876543210"
 UPLOAD_LIMIT_B = 8_192
@@ -179,3 +180,21 @@ def offline_app(
         lease,
     )
     return create_app(state, run_batches=False)
+
+
+@contextlib.contextmanager
+def serving(
+    tmp: Path, *worker_args: str, name: str = "qbs", server_cls: type[Server] = Server
+) -> Iterator[Any]:
+    """A private lane, an echo worker on it (with `worker_args`) and a server in front."""
+    lane = Lane.new(name)
+    lane.create_topics()
+    server = server_cls(lane, tmp / "files", keys_file(tmp / "keys.json"), tmp / "serve.log")
+    try:
+        with echo_worker(lane, *worker_args, log=tmp / "worker.log"):
+            server.start()
+            yield server
+    finally:
+        server.stop()
+        lane.delete_topics()
+        lane.clean_redis()

@@ -36,6 +36,15 @@ class WorkerSettings(ConnectionSettings):
         "answers at once with the prompt), auto = vllm when it imports and a GPU is "
         "present, else transformers.",
     )
+    task: Literal["generate", "embed"] = Field(
+        "generate",
+        description="What this pool runs, chosen at start: generate (chat and completions) "
+        "or embed (/v1/embeddings: vLLM's pooling runner, last-token pooling, normalised). "
+        "Route each model's requests to its pool (QBATCH_ROUTES).",
+    )
+    echo_embed_size: int = Field(
+        64, ge=1, le=65_536, description="The echo engine's vectors, with --task embed."
+    )
     engine_mode: EngineMode = Field(
         "continuous",
         description="continuous: micro-batches feed vLLM's async engine, which batches at "

@@ -43,6 +43,7 @@ from schemas.request import RequestEnvelope
 from schemas.result_size import DEFAULT_MAX_RESULT_BYTES, ResultSize
 from worker import context_window as cw
 from worker.endpoints import EndpointHandler, Prompt, RenderedPrompt, handler_for
+from worker.engines.base import EmbeddingShape
 from worker.sampling import GENERATION_DEFAULT_KEYS, load_generation_defaults, sampling_from_body
 from worker.segment_tokens import SegmentEncoder
 from worker.template_messages import messages_to_template
@@ -90,12 +91,14 @@ class PromptRenderer:
         modalities: Iterable[str] = ("text",),
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         tasks: Iterable[Task] = (Task.generate,),
+        embedding_shape: EmbeddingShape | None = None,
     ) -> None:
         """`modalities`: what the served model reads; media parts of another kind are
         refused before rendering (a multimodal engine passes e.g. ("text", "image")).
         `max_result_bytes`: a request whose result could be larger is refused
         (`result_too_large`, `schemas.result_size`). `tasks`: what the engine runs
-        (`Engine.supported_tasks`); an endpoint that needs another is refused."""
+        (`Engine.supported_tasks`); an endpoint that needs another is refused.
+        `embedding_shape`: an embed engine's vectors (`Engine.embedding_shape`)."""
         if max_model_len < 1:
             raise ValueError("max_model_len must be positive")
         self.tokenizer = tokenizer
@@ -112,16 +115,17 @@ class PromptRenderer:
         template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
         # Thinking is only "enabled" for templates that know about <think> (Qwen3 and kin).
         self.template_thinks = isinstance(template, str) and "<think>" in template
-        self._vocab_size = len(tokenizer) if tokenizer is not None else None
+        self.vocab_size = len(tokenizer) if tokenizer is not None else None
         self._think_end_id = _token_id(tokenizer, "</think>") if self.template_thinks else None
         self.modalities = frozenset(modalities)
         self.max_result_bytes = max_result_bytes
         self.tasks = frozenset(tasks)
+        self.embedding_shape = embedding_shape
 
     # ------------------------------------------------------------------ public
 
     def render(self, envelope: RequestEnvelope) -> RenderedPrompt:
-        body = envelope.body
+        body: Any = envelope.body  # past `prepare`, a generate endpoint's body
         task = BY_PATH[envelope.endpoint].task
         if task not in self.tasks:
             runs = ", ".join(sorted(self.tasks)) or "nothing"
@@ -137,6 +141,9 @@ class PromptRenderer:
                 code=ErrorCode.unknown_model,
             )
         handler = handler_for(envelope.endpoint)
+        prepared = handler.prepare(self, envelope, body)
+        if prepared is not None:
+            return prepared
         self._check_token_ids(handler, body)
         handler.check(self, body)
         explicit, max_param = handler.output_budget(body)
@@ -247,7 +254,7 @@ class PromptRenderer:
 
     def _check_token_ids(self, handler: EndpointHandler, body: Any) -> None:
         """Token ids a request names must be in the vocabulary (vLLM refuses them too)."""
-        if self._vocab_size is None:
+        if self.vocab_size is None:
             return
         named = {
             "logit_bias": [int(k) for k in body.logit_bias or ()],
@@ -256,10 +263,10 @@ class PromptRenderer:
             "prompt": handler.prompt_token_ids(body),
         }
         for name, ids in named.items():
-            bad = next((i for i in ids if i >= self._vocab_size), None)
+            bad = next((i for i in ids if i >= self.vocab_size), None)
             if bad is not None:
                 raise ContractError(
-                    f"token id {bad} is out of the vocabulary (size {self._vocab_size})",
+                    f"token id {bad} is out of the vocabulary (size {self.vocab_size})",
                     param=f"body.{name}",
                 )
 

@@ -178,6 +178,7 @@ class Worker:
             generation_defaults=self.engine.generation_defaults,
             max_result_bytes=limit,
             tasks=self.engine.supported_tasks,
+            embedding_shape=self.engine.embedding_shape,
         )
         self.state.engine_ready = True
         guard = self.supervisor.guard

@@ -234,8 +234,9 @@ def outcome_of(round_no: int, line: int, attempt: int, rid: str, raw: bytes | No
     result = ResultEnvelope.model_validate_json(raw)
     usage = result.response.usage if result.response is not None else None
     content = None
-    if result.response is not None and result.response.choices:
-        choice = result.response.choices[0]
+    choices = getattr(result.response, "choices", None)  # an embeddings response has none
+    if choices:
+        choice = choices[0]
         content = getattr(getattr(choice, "message", None), "content", None)
         if content is None:
             content = getattr(choice, "text", None)

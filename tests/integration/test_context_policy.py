@@ -27,11 +27,8 @@ CONTEXT = 200
 
 @pytest.fixture
 def lane(stack: object) -> Iterator[Lane]:
-    lane = Lane.new("qbctx")
-    lane.create_topics(partitions=2)
-    yield lane
-    lane.delete_topics()
-    lane.clean_redis()
+    with Lane.private("qbctx", partitions=2) as lane:
+        yield lane
 
 
 def conversation(turns: int) -> list[dict[str, object]]:

@@ -4,7 +4,6 @@ lane (`tests/integration/workers.py`)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -25,16 +24,16 @@ from tests.serve_fixtures import (
     Server,
     batch_lines,
     jsonl,
-    keys_file,
     read_file,
+    serving,
     wait_batch,
 )
 from tests.tool_fixtures import call_block, registry
 
 try:
-    from tests.integration.workers import REPO, Lane, echo_worker, qbatch
+    from tests.integration.workers import REPO, Lane, qbatch
 except ModuleNotFoundError:
-    from workers import REPO, Lane, echo_worker, qbatch  # type: ignore[no-redef]
+    from workers import REPO, Lane, qbatch  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.integration
 
@@ -42,22 +41,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module", autouse=True)
 def _stack(stack: Any) -> None:
     """The local Kafka + Redis (conftest's `stack` starts it or fails loudly)."""
-
-
-@contextlib.contextmanager
-def serving(tmp: Path, *worker_args: str) -> Iterator[Server]:
-    """A private lane, an echo worker on it and a server in front."""
-    lane = Lane.new("qbs")
-    lane.create_topics()
-    server = Server(lane, tmp / "files", keys_file(tmp / "keys.json"), tmp / "serve.log")
-    try:
-        with echo_worker(lane, *worker_args, log=tmp / "worker.log"):
-            server.start()
-            yield server
-    finally:
-        server.stop()
-        lane.delete_topics()
-        lane.clean_redis()
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +118,7 @@ def test_lines_that_fail_in_the_worker_go_to_the_error_file(fast: Server) -> Non
 def test_bad_lines_fail_the_batch_with_per_line_errors(fast: Server) -> None:
     client = fast.client()
     lines = batch_lines(5)
-    lines[1]["url"] = "/v1/embeddings"  # an endpoint qbatch does not serve
+    lines[1]["url"] = "/v1/rerank"  # an endpoint qbatch does not serve
     lines[2]["body"]["messages"] = []  # a body the contract refuses
     lines[3]["custom_id"] = "c0"  # a repeated custom_id
     lines[4]["url"] = "/v1/completions"  # another endpoint than the batch's
@@ -301,7 +284,7 @@ def test_bad_uploads_and_batch_requests(fast: Server) -> None:
     with pytest.raises(openai.BadRequestError) as endpoint:
         client.batches.create(
             input_file_id=up.id,
-            endpoint="/v1/embeddings",  # type: ignore[arg-type]
+            endpoint="/v1/rerank",  # type: ignore[arg-type]
             completion_window="24h",
         )
     assert endpoint.value.param == "endpoint"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import resource
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +22,16 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.workers import Lane, echo_worker
 from tests.reliability.conftest import RssSampler
 from tests.serve_fixtures import (
     KEY_A,
     Server,
     batch_lines,
     jsonl,
-    keys_file,
     read_file,
     wait_batch,
 )
+from tests.serve_fixtures import serving as shared_serving
 
 pytestmark = pytest.mark.integration
 
@@ -62,19 +60,8 @@ class LimitedServer(Server):
         return self
 
 
-@contextlib.contextmanager
-def serving(tmp: Path) -> Iterator[LimitedServer]:
-    lane = Lane.new("qbsb")
-    lane.create_topics()
-    server = LimitedServer(lane, tmp / "files", keys_file(tmp / "keys.json"), tmp / "serve.log")
-    try:
-        with echo_worker(lane, log=tmp / "worker.log"):
-            server.start()
-            yield server
-    finally:
-        server.stop()
-        lane.delete_topics()
-        lane.clean_redis()
+def serving(tmp: Path) -> contextlib.AbstractContextManager[LimitedServer]:
+    return shared_serving(tmp, name="qbsb", server_cls=LimitedServer)
 
 
 BIG_ANSWER = {

@@ -103,6 +103,18 @@ class Lane:
         lane.bootstrap, lane.redis_url = bootstrap, redis_url
         return lane
 
+    @classmethod
+    @contextlib.contextmanager
+    def private(cls, name: str, partitions: int = 8) -> Iterator[Lane]:
+        """A new lane with its topics, deleted with its Redis keys afterwards."""
+        lane = cls.new(name)
+        lane.create_topics(partitions=partitions)
+        try:
+            yield lane
+        finally:
+            lane.delete_topics()
+            lane.clean_redis()
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(

@@ -4,6 +4,7 @@ and test_deploy_observability.py)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -37,14 +38,18 @@ WORKER_JOB = "qbatch-worker"
 
 
 def deploy_yaml_files() -> list[Path]:
-    files = [
-        p
-        for p in sorted(DEPLOY.rglob("*"))
-        if p.suffix in {".yaml", ".yml"}
-        and p.is_file()
-        and not any(part.startswith(".") for part in p.relative_to(DEPLOY).parts)
-    ]
-    return files
+    """Every YAML file under deploy/, hidden folders pruned before they are walked: the
+    local stack keeps its Kafka data in deploy/local/.cache, where topics are deleted
+    while a test run walks (an rglob there raced a deletion in a run)."""
+    files = []
+    for folder, dirs, names in os.walk(DEPLOY):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        files += [
+            Path(folder) / n
+            for n in names
+            if n.endswith((".yaml", ".yml")) and not n.startswith(".")
+        ]
+    return sorted(files)
 
 
 def load_all(path: Path) -> list[Any]:

@@ -137,7 +137,7 @@ def test_every_bad_line_is_reported_with_its_reason() -> None:
         "{not json",
         "[1, 2]",
         openai_line("bad-role", {"messages": [{"role": "robot", "content": "x"}]}),
-        json.dumps({"custom_id": "u", "method": "POST", "url": "/v1/embeddings", "body": CHAT}),
+        json.dumps({"custom_id": "u", "method": "POST", "url": "/v1/rerank", "body": CHAT}),
         openai_line("ok"),  # duplicate custom_id
         openai_line("typo", {"messages": CHAT["messages"], "max_tokenz": 5}),
         openai_line("fine"),

@@ -98,7 +98,7 @@ def test_a_good_file_validates_with_the_windows_deadline() -> None:
 def test_bad_lines_are_openai_errors_naming_line_and_param() -> None:
     texts = [
         _line(1),
-        _line(2, url="/v1/embeddings"),
+        _line(2, url="/v1/rerank"),
         _line(3, body={"messages": []}),
         _line(1),
         _line(5, url="/v1/completions", body={"prompt": "p"}),

@@ -12,11 +12,13 @@ from schemas.result import ToolCallError
 from worker.endpoints.base import EndpointHandler, Prompt, RenderedPrompt
 from worker.endpoints.chat import ChatHandler
 from worker.endpoints.completions import CompletionsHandler
+from worker.endpoints.embeddings import EmbeddingsHandler
 from worker.engines.base import EngineOutput
 from worker.toolcalls import IdFactory
 
 HANDLERS: dict[str, EndpointHandler] = {
-    handler.spec.path: handler for handler in (ChatHandler(), CompletionsHandler())
+    handler.spec.path: handler
+    for handler in (ChatHandler(), CompletionsHandler(), EmbeddingsHandler())
 }
 _missing = [spec.path for spec in ENDPOINTS if spec.path not in HANDLERS]
 if _missing:  # a row of the table without a handler: fail at import, not per request

@@ -20,7 +20,7 @@ from schemas.endpoints import EndpointSpec, Response
 from schemas.request import ChatCompletionBody, RequestEnvelope, Tool
 from schemas.result import ToolCallError
 from worker import context_window as cw
-from worker.engines.base import EngineOutput, EngineRequest, SamplingSpec
+from worker.engines.base import EmbedSpec, EngineOutput, EngineRequest, SamplingSpec
 from worker.tool_loop.forced_calls import ForcedCall
 from worker.toolcalls import IdFactory
 
@@ -67,6 +67,8 @@ class RenderedPrompt:
     echo engine's simulated prefix cache; a reference, so it costs nothing unused."""
     result_bytes: int = 0
     """How large its result can get (`schemas.result_size`), within max_result_bytes."""
+    embed: EmbedSpec | None = None
+    """An embed request's inputs (`/v1/embeddings`); None for generation."""
 
     def engine_request(
         self, key: str, priority: int = 0, *, first_lane: bool = False
@@ -80,6 +82,7 @@ class RenderedPrompt:
             cache_salt=self.cache_salt,
             conversation=self.conversation,
             first_lane=first_lane,
+            embed=self.embed,
         )
 
 
@@ -91,6 +94,14 @@ class EndpointHandler(abc.ABC):
     spec: EndpointSpec
     prompt_param: str
     """The field a prompt-length error names (`body.messages`, `body.prompt`)."""
+
+    def prepare(
+        self, renderer: PromptRenderer, envelope: RequestEnvelope, body: Any
+    ) -> RenderedPrompt | None:
+        """The request ready for its engine, for an endpoint that does not generate
+        (`/v1/embeddings` renders no prompt and samples nothing); None: the renderer's
+        generation path, through the hooks below."""
+        return None
 
     @abc.abstractmethod
     def output_budget(self, body: Any) -> tuple[int | None, str]:

@@ -14,6 +14,7 @@ from worker.config import WorkerSettings
 from worker.engines.base import Engine, EngineOutput, EngineRequest, EngineStats, SamplingSpec
 
 __all__ = [
+    "EMBED_ENGINES",
     "ENGINES",
     "Engine",
     "EngineOutput",
@@ -30,7 +31,13 @@ ENGINES: dict[str, str] = {
     "transformers": "worker.engines.transformers_engine:TransformersEngine",
     "vllm": "worker.engines.vllm_engine:VllmEngine",
 }
-"""`--engine` name -> `module:Class` of an `Engine` subclass."""
+"""`--engine` name -> `module:Class` of an `Engine` subclass (`--task generate`)."""
+EMBED_ENGINES: dict[str, str] = {
+    "echo": "worker.engines.echo:EchoEngine",
+    "transformers": "worker.engines.transformers_embed:TransformersEmbedder",
+    "vllm": "worker.engines.vllm_embed:VllmEmbedder",
+}
+"""The same for `--task embed`: an engine runs one task, chosen at start."""
 
 
 def _gpu_present() -> bool:
@@ -53,17 +60,18 @@ def resolve_engine_name(settings: WorkerSettings) -> str:
     return "transformers"
 
 
-def engine_class(name: str) -> type[Engine]:
+def engine_class(name: str, task: str = "generate") -> type[Engine]:
+    table = EMBED_ENGINES if task == "embed" else ENGINES
     try:
-        module_name, _, class_name = ENGINES[name].partition(":")
+        module_name, _, class_name = table[name].partition(":")
     except KeyError:
-        raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}") from None
+        raise ValueError(f"unknown engine {name!r}; known: {', '.join(table)}") from None
     cls = getattr(importlib.import_module(module_name), class_name)
     if not (isinstance(cls, type) and issubclass(cls, Engine)):
-        raise TypeError(f"{ENGINES[name]} is not an Engine")
+        raise TypeError(f"{table[name]} is not an Engine")
     return cls
 
 
 def build_engine(settings: WorkerSettings) -> Engine:
-    """The engine `settings` choose, built (not started)."""
-    return engine_class(resolve_engine_name(settings)).from_settings(settings)
+    """The engine `settings` choose for their task, built (not started)."""
+    return engine_class(resolve_engine_name(settings), settings.task).from_settings(settings)

@@ -59,6 +59,50 @@ class SamplingSpec:
     bad_words: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class EmbedSpec:
+    """What an embed request asks (`/v1/embeddings`): one vector per input, last-token
+    pooled and L2-normalised, cut to `dimensions` (Matryoshka) when set."""
+
+    inputs: tuple[list[int], ...] | tuple[str, ...]
+    """Each input's token ids; without a tokenizer (echo) each input's text."""
+    dimensions: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingShape:
+    """The vectors an embed engine makes: `size` components, and which `dimensions` a
+    request may ask (vLLM's rule: none unless the model says it is Matryoshka-trained;
+    then the listed sizes, or any size up to `size` when it lists none)."""
+
+    size: int
+    matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] | None = None
+
+    def dimensions_problem(self, dimensions: int) -> str | None:
+        """Why a request may not ask `dimensions` of this model, or None."""
+        if not self.matryoshka:
+            return (
+                "the served model is not Matryoshka-trained: its vectors cannot be shortened "
+                f"(leave dimensions unset for its {self.size})"
+            )
+        if self.matryoshka_dimensions is not None:
+            if dimensions not in self.matryoshka_dimensions:
+                sizes = ", ".join(map(str, self.matryoshka_dimensions))
+                return f"the served model takes dimensions {sizes}"
+        elif dimensions > self.size:
+            return f"over the served model's {self.size} dimensions"
+        return None
+
+    @classmethod
+    def of_config(cls, config: Any, size: int) -> EmbeddingShape:
+        """From a Hugging Face config (`is_matryoshka`, `matryoshka_dimensions`; the keys
+        vLLM reads)."""
+        dims = getattr(config, "matryoshka_dimensions", None)
+        matryoshka = bool(getattr(config, "is_matryoshka", False) or dims)
+        return cls(size, matryoshka, tuple(int(d) for d in dims) if dims else None)
+
+
 @dataclass(slots=True)
 class EngineRequest:
     key: str
@@ -74,6 +118,8 @@ class EngineRequest:
     first_lane: bool = False
     """Of the worker's best lane: an engine may hold other work back while it runs (vLLM:
     the step cap, `QBATCH_INTERACTIVE_STEP_TOKENS`)."""
+    embed: EmbedSpec | None = None
+    """Set for an embed request: the engine pools its inputs instead of generating."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +166,8 @@ class EngineOutput:
     """Epoch ms when the engine first scheduled it (None: the engine cannot tell)."""
     first_token_ms: int | None = None
     """Epoch ms of its first generated token (None: the engine cannot tell)."""
+    embeddings: list[list[float]] | None = None
+    """An embed request's vectors, one per input, in input order."""
 
     @property
     def total_completion_tokens(self) -> int:
@@ -185,6 +233,8 @@ class Engine(abc.ABC):
     supported_tasks: frozenset[Task] = frozenset({Task.generate})
     """What it runs (vLLM's `supported_tasks`): a request whose endpoint needs another task
     (`schemas.endpoints`) is answered `invalid_request` naming `endpoint`, never submitted."""
+    embedding_shape: EmbeddingShape | None = None
+    """An embed engine's vectors (known once started); None for a generate engine."""
 
     _served_name: str = "engine"
     _max_model_len: int = 0

@@ -10,6 +10,10 @@ It can also be slowed to a GPU-like shape: `--echo-delay-ms` per answer, at most
 in priority order (lower first, then arrival, like vLLM's priority scheduling; not
 preemptive). The priority-lane tests and benchmarks use that shape.
 
+With `--task embed` it answers `/v1/embeddings` with deterministic unit vectors of
+`--echo-embed-size` components (`worker.embedding.echo_vector`: equal inputs, equal
+vectors), shortened to any `dimensions` asked, at the same pace and concurrency.
+
 With `--echo-prefix-cache-tokens N` it also reports `cached_tokens` from a simulated
 prefix cache of N tokens (`worker.engines.prefix_cache`), keyed on the whole conversation,
 so the CPU shows what prefix-aware placement does to the hit rate. Its `prompt_tokens`
@@ -27,7 +31,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from schemas.endpoints import Task
+from worker.embedding import echo_vector, shortened
 from worker.engines.base import (
+    EmbeddingShape,
+    EmbedSpec,
     Engine,
     EngineOutput,
     EngineRequest,
@@ -40,6 +48,12 @@ from worker.template_messages import conversation_text
 
 if TYPE_CHECKING:
     from worker.config import WorkerSettings
+
+
+def echo_embeddings(request: EngineRequest, spec: EmbedSpec, size: int) -> EngineOutput:
+    vectors = [shortened(echo_vector(item, size), spec.dimensions) for item in spec.inputs]
+    tokens = sum(len(item) if isinstance(item, list) else len(item.split()) for item in spec.inputs)
+    return EngineOutput(request.key, "", tokens, 0, "stop", embeddings=vectors)
 
 
 def echo_output(request: EngineRequest) -> EngineOutput:
@@ -88,8 +102,13 @@ class EchoEngine(Engine):
         delay_ms: float = 0.0,
         concurrency: int = 0,
         prefix_cache_tokens: int = 0,
+        task: str = "generate",
+        embed_size: int = 64,
     ) -> None:
         self._served_name = served_name
+        self.supported_tasks = frozenset({Task(task)})
+        if task == Task.embed:
+            self.embedding_shape = EmbeddingShape(embed_size, matryoshka=True)
         self.prefix_cache = (
             SimulatedPrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
         )
@@ -111,6 +130,8 @@ class EchoEngine(Engine):
             delay_ms=settings.echo_delay_ms,
             concurrency=settings.echo_concurrency,
             prefix_cache_tokens=settings.echo_prefix_cache_tokens,
+            task=settings.task,
+            embed_size=settings.echo_embed_size,
         )
 
     @property
@@ -123,6 +144,8 @@ class EchoEngine(Engine):
             self._thread.start()
 
     def _output(self, request: EngineRequest) -> EngineOutput:
+        if request.embed is not None and self.embedding_shape is not None:
+            return echo_embeddings(request, request.embed, self.embedding_shape.size)
         output = echo_output(request)
         if self.prefix_cache is not None:
             chat = request.conversation

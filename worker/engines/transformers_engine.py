@@ -156,24 +156,34 @@ class TransformersEngine(Engine):
             if self._closed:
                 raise RuntimeError("engine is closed")
             import torch
-            from transformers import AutoModelForCausalLM, GenerationConfig
 
-            model: Any = AutoModelForCausalLM.from_pretrained(
+            model: Any = self._model_class().from_pretrained(
                 self.model_path, dtype=getattr(torch, self.dtype)
             )
             model.to(self.device)
             model.eval()
-            # Neutral generation defaults: the SamplingSpec already carries the model's defaults.
-            model.generation_config = GenerationConfig(
-                eos_token_id=self._eos_ids or None,
-                pad_token_id=self._pad_id,
-                bos_token_id=getattr(model.generation_config, "bos_token_id", None),
-            )
+            self._prepare(model)
             self._model = model
             self._thread = threading.Thread(
                 target=self._loop, name="transformers-engine", daemon=True
             )
             self._thread.start()
+
+    def _model_class(self) -> Any:
+        """What loads the weights: the causal LM, head included (generation)."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    def _prepare(self, model: Any) -> None:
+        """Neutral generation defaults: the SamplingSpec already carries the model's."""
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig(
+            eos_token_id=self._eos_ids or None,
+            pad_token_id=self._pad_id,
+            bos_token_id=getattr(model.generation_config, "bos_token_id", None),
+        )
 
     def submit(self, batch: Sequence[EngineRequest], on_done: OnDone) -> None:
         batch = list(batch)

@@ -361,20 +361,24 @@ class VllmEngine(Engine):
             if item is None:
                 return
             batch, on_done = item
-            try:
-                results = self._llm.generate(
-                    [_prompt(r) for r in batch],
-                    [sampling_params(r.sampling) for r in batch],
-                    use_tqdm=False,
-                    priority=[r.priority for r in batch],
-                )
-            except Exception as exc:
-                log.exception("vllm_static_generate_failed", size=len(batch))
-                for request in batch:
-                    on_done(EngineOutput(request.key, "", 0, 0, "error", error=str(exc)))
-                continue
-            for request, result in zip(batch, results, strict=True):
-                on_done(self._output(request, result))
+            self._run_static_batch(batch, on_done)
+
+    def _run_static_batch(self, batch: Sequence[EngineRequest], on_done: OnDone) -> None:
+        """One micro-batch as one blocking call (static mode)."""
+        try:
+            results = self._llm.generate(
+                [_prompt(r) for r in batch],
+                [sampling_params(r.sampling) for r in batch],
+                use_tqdm=False,
+                priority=[r.priority for r in batch],
+            )
+        except Exception as exc:
+            log.exception("vllm_static_generate_failed", size=len(batch))
+            for request in batch:
+                on_done(EngineOutput(request.key, "", 0, 0, "error", error=str(exc)))
+            return
+        for request, result in zip(batch, results, strict=True):
+            on_done(self._output(request, result))
 
     # ------------------------------------------------------------------ submit
 

@@ -67,6 +67,7 @@ def finalize(envelope: RequestEnvelope, result: ResultEnvelope) -> ResultEnvelop
     update: dict[str, object] = {}
     response = result.response
     if response is not None:
+        assert isinstance(response.usage, Usage), "a tool loop is chat's (schemas.request)"
         total = earlier.plus(response.usage)
         update["response"] = response.model_copy(update={"usage": total})
     else:
