@@ -146,6 +146,11 @@ PROMPT_TOKENS = Counter(
 COMPLETION_TOKENS = Counter(
     "qbatch_completion_tokens_total", "Tokens generated.", registry=REGISTRY
 )
+EMBEDDINGS = Counter(
+    "qbatch_embeddings_total",
+    "Vectors made: one per /v1/embeddings input (their tokens count as prompt tokens).",
+    registry=REGISTRY,
+)
 TOKENS_PER_SECOND = Gauge(
     "qbatch_generation_tokens_per_second",
     "Completion tokens per second over the last metrics interval.",

@@ -144,6 +144,8 @@ class Writer:
         if output.finish != "error":
             metrics.PROMPT_TOKENS.inc(output.prompt_tokens)
             metrics.COMPLETION_TOKENS.inc(output.total_completion_tokens)
+            if output.embeddings is not None:
+                metrics.EMBEDDINGS.inc(len(output.embeddings))
             if output.cached_tokens is not None:  # an engine with a prefix cache
                 metrics.PREFIX_CACHE_QUERIES.inc(output.prompt_tokens)
                 metrics.PREFIX_CACHE_HITS.inc(output.cached_tokens)

@@ -7,15 +7,17 @@
 #   2. the worker (C) on 0.6B again under py-spy (--gil --threads, raw stacks): where the
 #      GIL goes in the worker process at full load; summed by tests/benchmarks/profile_summary.py;
 #   3. bench_gpu_prefix raw --night --sorted, then qbatch --night: the night of job
-#      families in file order, sorted by family, and through `qbatch bulk run`; report.
+#      families in file order, sorted by family, and through `qbatch bulk run`; report;
+#   4. (issue 44) bench_gpu_embed raw, qbatch, report on 0.6B then 14B in pooling mode:
+#      20,000 inputs of 32-512 tokens, `LLM.embed` in one call against `qbatch bulk run`.
 #
 # Run it detached (it outlives one device call):
 #   bash deploy/gpu/bg.sh start tput "bash deploy/gpu/throughput-runs.sh /tmp/t43"
-# Phases: PHASES="full profile prefix" (default all), N (6000).
+# Phases: PHASES="full profile prefix embed" (default all), N (6000).
 set -uo pipefail
 
 DIR=${1:?usage: throughput-runs.sh DIR}
-PHASES=${PHASES:-full profile prefix}
+PHASES=${PHASES:-full profile prefix embed}
 N=${N:-6000}
 PY=${PYTHON:-python3}
 mkdir -p "$DIR"
@@ -45,6 +47,15 @@ for phase in $PHASES; do
       $B qbatch --out "$DIR/prefix" --warmup 64 --night --only N --placements prefix \
         || log "qbatch exited $?"
       $B report --out "$DIR/prefix" || true
+      ;;
+    embed)
+      B="$PY -m tests.benchmarks.bench_gpu_embed"
+      for model in 0.6b 14b; do
+        log "embed $model: raw, qbatch, report"
+        $B raw --out "$DIR/embed-$model" --model "$model" || log "raw exited $?"
+        $B qbatch --out "$DIR/embed-$model" --model "$model" || log "qbatch exited $?"
+        $B report --out "$DIR/embed-$model" || true
+      done
       ;;
     *) log "unknown phase $phase"; exit 2 ;;
   esac

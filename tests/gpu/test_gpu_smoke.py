@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import pytest
 
+from tests.gpu.harness import create_topics, start_pipeline
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "tests" / "fixtures" / "qwen3-14b"
 TOOLS = [
@@ -39,13 +41,8 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def pipeline() -> Iterator[dict[str, Any]]:
-    import redis
-    from kafka import KafkaProducer
-    from kafka.admin import KafkaAdminClient, NewTopic
-
     from worker.config import WorkerSettings
     from worker.engines.vllm_engine import VllmEngine
-    from worker.service import build_worker
 
     run = f"gpu-{uuid.uuid4().hex[:6]}"
     settings = WorkerSettings(
@@ -71,35 +68,18 @@ def pipeline() -> Iterator[dict[str, Any]]:
         # every test through qbatch's lane scheduler (vLLM's own behind the step cap)
         interactive_step_tokens=256,
     )
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    admin.create_topics(
-        [
-            NewTopic(settings.topic, 4, 1),
-            NewTopic(settings.bulk_topic, 4, 1),
-            NewTopic(settings.dlq_topic, 1, 1),
-            NewTopic(settings.tool_calls_topic, 4, 1),
-        ]
-    )
-    admin.close()
+    create_topics(
+        settings,
+        [(settings.topic, 4), (settings.bulk_topic, 4), (settings.dlq_topic, 1),
+         (settings.tool_calls_topic, 4)],
+    )  # fmt: skip
     executor = _executor(settings, run)
     engine = VllmEngine.from_settings(settings)
     engine.start()
-    worker = build_worker(settings, engine)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
+    pipe = start_pipeline(settings, engine)
     executor_thread = threading.Thread(target=executor.run, daemon=True)
     executor_thread.start()
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
-    r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-
-    def send(envelope: dict[str, Any]) -> dict[str, Any]:
-        rid = envelope["request_id"]
-        producer.send(settings.topic, key=rid.encode(), value=json.dumps(envelope).encode())
-        producer.flush()
-        r.blpop([f"{run}:done:{rid}"], timeout=300)
-        raw = r.get(f"{run}:result:{rid}")
-        assert raw is not None, f"no result for {rid}"
-        return json.loads(raw)
+    send, worker, producer, r = pipe.send, pipe.worker, pipe.producer, pipe.redis
 
     yield {
         "send": send,
@@ -113,9 +93,7 @@ def pipeline() -> Iterator[dict[str, Any]]:
     }
     executor.request_stop()
     executor_thread.join(timeout=30)
-    worker.request_stop()
-    thread.join(timeout=120)  # the worker closes the engine (AsyncLLM.shutdown)
-    producer.close()
+    pipe.stop()
 
 
 def _executor(settings: Any, run: str) -> Any:

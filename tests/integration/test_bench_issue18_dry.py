@@ -101,3 +101,14 @@ def test_prefix_dry_runs_raw_and_both_placements_for_one_and_two_workers(
         assert "W qbatch/raw" in r and "target W >= 0.97x raw" in r
     report = (tmp_path / "report.md").read_text()
     assert "| 2 | P-" in report and "KV cache tokens" in report
+
+
+def test_embed_dry_runs_raw_and_qbatch_and_reports_the_ratio(stack: Stack, tmp_path: Path) -> None:
+    common = ("--dry", "--n", "120", "--out", str(tmp_path), "--work", str(tmp_path / "work"))
+    bench(stack, "bench_gpu_embed", "raw", *common)
+    bench(stack, "bench_gpu_embed", "qbatch", *common)
+    printed = bench(stack, "bench_gpu_embed", "report", "--out", str(tmp_path))
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["raw"]["inputs"] == doc["qbatch"]["inputs"] == 120
+    assert doc["raw"]["prompt_tokens"] == doc["qbatch"]["prompt_tokens"] > 120 * 32
+    assert set(doc["ratios"]) == {"inputs_per_s", "tokens_per_s"} and "qbatch / raw" in printed

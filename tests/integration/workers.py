@@ -33,6 +33,9 @@ else:
     REPLICATION = 1
 
 
+TEST_SESSION_TIMEOUT_MS = 10_000
+
+
 def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:10]}"
 
@@ -224,6 +227,11 @@ def start_worker(
         "earliest",
         "--metrics-port",
         str(metrics_port),
+        # A killed worker's partitions move to the others once the broker gives up on it:
+        # 10 s, not the production 45 s, so the kill -9 tests do not sit out 45 s each
+        # (a test's own --session-timeout-ms in `extra` wins: the last flag does).
+        "--session-timeout-ms",
+        str(TEST_SESSION_TIMEOUT_MS),
         *extra,
     ]
     sink = log.open("ab") if log is not None else subprocess.DEVNULL
