@@ -184,14 +184,21 @@ def test_a_frozen_replica_makes_its_masters_writes_an_outage(
     master = client.get_node_from_key(keys.result(rid)).name
     replica_pid = cluster_stack.redis_pid(replica_of[master])
     assert replica_pid is not None
-    writer = ResultWriter(client, keys, ReplicaAck(replicas=1, timeout_ms=300))
+    # the worker sink's client: it waits out nothing (the sink pauses instead), where a
+    # producer-side client would retry for PRODUCER_ACK_WAIT_S (120 s) before raising
+    sink_client = connect(cluster_stack.redis_url, failover_wait_s=0)
+    writer = ResultWriter(sink_client, keys, ReplicaAck(replicas=1, timeout_ms=300))
     os.kill(replica_pid, signal.SIGSTOP)
     try:
         with pytest.raises(ReplicasBehind):
             writer.write([(ok(rid), TTL)], now_ms=1)
     finally:
         os.kill(replica_pid, signal.SIGCONT)
-    assert [r.status for r in writer.write([(ok(rid), TTL)], now_ms=2)] == [WriteStatus.existed]
+    try:
+        written = writer.write([(ok(rid), TTL)], now_ms=2)
+    finally:
+        sink_client.close()
+    assert [r.status for r in written] == [WriteStatus.existed]
 
 
 def test_a_master_killed_with_unreplicated_results_loses_none(

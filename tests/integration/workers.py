@@ -287,6 +287,8 @@ def start_executor(
     ]
     sink = log.open("ab") if log is not None else subprocess.DEVNULL
     env = lane.env()
+    # as the workers': a killed executor's partitions move in 10 s, not 45
+    env.setdefault("QBATCH_TOOLS_SESSION_TIMEOUT_MS", str(TEST_SESSION_TIMEOUT_MS))
     if pythonpath is not None:
         env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env['PYTHONPATH']}"
     return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=sink, stderr=sink)

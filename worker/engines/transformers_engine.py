@@ -155,18 +155,11 @@ class TransformersEngine(Engine):
                 return
             if self._closed:
                 raise RuntimeError("engine is closed")
-            import torch
-
-            model: Any = self._model_class().from_pretrained(
-                self.model_path, dtype=getattr(torch, self.dtype)
-            )
-            model.to(self.device)
-            model.eval()
+            model: Any = self._model_class().from_pretrained(self.model_path, dtype=self.dtype)
+            model.to(self.device).eval()
             self._prepare(model)
             self._model = model
-            self._thread = threading.Thread(
-                target=self._loop, name="transformers-engine", daemon=True
-            )
+            self._thread = threading.Thread(target=self._loop, name="transformers", daemon=True)
             self._thread.start()
 
     def _model_class(self) -> Any:
