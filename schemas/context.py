@@ -57,7 +57,8 @@ class Truncation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     message: int | None = None
-    """Index in `body.messages` of the message cut (None: a completions prompt)."""
+    """Index in `body.messages` of the message cut (None: a completions prompt or an
+    embeddings input, which `input` names)."""
     input: int | None = None
     """Index in `body.input` of the embeddings input cut."""
     tokens_removed: int

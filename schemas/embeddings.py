@@ -18,10 +18,10 @@ import struct
 from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas import limits
-from schemas.common import StrictModel
+from schemas.common import StrictModel, field_error
 
 MAX_EMBED_INPUTS = 2_048
 """Inputs in one request (OpenAI's bound)."""
@@ -55,14 +55,36 @@ class EmbeddingBody(StrictModel):
 
     ENDPOINT: ClassVar[Literal["embeddings"]] = "embeddings"
 
-    @field_validator("input", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _not_empty(cls, value: Any) -> Any:
-        if isinstance(value, list) and not value:
-            raise ValueError("at least one input is needed")
+    def _inputs_by_shape(cls, data: Any) -> Any:
+        """Name the input at fault (`body.input[3]`): the four shapes' union would report
+        every shape's mismatch at `body.input` and hide which item is wrong. Bounded: the
+        count is checked before any item is looked at."""
+        value = data.get("input") if isinstance(data, dict) else None
         if isinstance(value, str) and not value:
-            raise ValueError("an input must not be empty (OpenAI refuses it too)")
-        return value
+            raise field_error("input", "an input must not be empty (OpenAI refuses it too)")
+        if not isinstance(value, list):
+            return data  # a single string, or a wrong type the union names
+        if not value:
+            raise field_error("input", "at least one input is needed")
+        if len(value) > MAX_EMBED_INPUTS:
+            raise field_error("input", f"{len(value)} inputs: at most {MAX_EMBED_INPUTS}")
+        if isinstance(value[0], int) and not isinstance(value[0], bool):
+            _check_ids(value, "input")  # one input of token ids
+            return data
+        kind = str if isinstance(value[0], str) else list
+        for i, item in enumerate(value):
+            if not isinstance(item, kind):
+                raise field_error(
+                    f"input[{i}]",
+                    "every input of a list is of one kind: strings, or lists of token ids",
+                )
+            if not item:
+                raise field_error(f"input[{i}]", "an input must not be empty")
+            if isinstance(item, list):
+                _check_ids(item, f"input[{i}]")
+        return data
 
     def inputs(self) -> list[str | list[int]]:
         """The inputs as a list, one per vector (a single string or id list is one)."""
@@ -86,6 +108,17 @@ class EmbeddingBody(StrictModel):
 
     def output_limit(self) -> None:
         return None
+
+
+def _check_ids(ids: list[Any], field: str) -> None:
+    """Token ids, each named where it is wrong (`input[2][7]`)."""
+    if len(ids) > limits.MAX_PROMPT_TOKEN_IDS:
+        raise field_error(field, f"{len(ids)} token ids: at most {limits.MAX_PROMPT_TOKEN_IDS}")
+    for j, tid in enumerate(ids):
+        if isinstance(tid, bool) or not isinstance(tid, int):
+            raise field_error(f"{field}[{j}]", "a token id is an integer")
+        if not 0 <= tid < limits.TOKEN_ID_BOUND:
+            raise field_error(f"{field}[{j}]", f"token id {tid} is out of range")
 
 
 class Embedding(BaseModel):
@@ -142,9 +175,11 @@ def decode_vector(value: list[float] | str) -> list[float]:
 
 
 def embedding_result_bytes(n_inputs: int, dims: int, fmt: EncodingFormat) -> int:
-    """How large an embeddings response can get: what `max_result_bytes` bounds."""
+    """How large an embeddings result can get: what `max_result_bytes` bounds. Each input
+    costs its vector, its item's keys and a context report's truncation entry; the rest of
+    the envelope (metadata, custom_id, timings, worker) as much as a generation result's."""
     per_vector = (dims * 4 + 2) // 3 * 4 + 8 if fmt == "base64" else dims * FLOAT_JSON_BYTES
-    return n_inputs * (per_vector + 64) + 512
+    return n_inputs * (per_vector + 112) + limits.RESULT_OVERHEAD_BYTES
 
 
 __all__ = [

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schemas import limits
 from schemas.errors import ContractError, ErrorCode
 from schemas.request import ChatCompletionBody, RequestEnvelope
 
 TEXT_BYTES_PER_TOKEN = 8
 LOGPROB_BYTES_PER_ENTRY = 70
-RESULT_OVERHEAD_BYTES = 24_576
-"""The envelope around the output: ids, metadata (up to 16 KiB), usage, timings."""
+RESULT_OVERHEAD_BYTES = limits.RESULT_OVERHEAD_BYTES
 DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024
 """16 MiB: far under Redis' 512 MB value limit, and a few such results held at once by a
 worker or `qbatch serve` stay inside their memory."""

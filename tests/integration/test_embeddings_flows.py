@@ -100,6 +100,13 @@ def test_client_embed_through_an_echo_pool(lane: Lane, tmp_path: Path) -> None:
         [cut] = result.context.truncated
         assert (cut.input, cut.tokens_removed) == (1, 30)
         assert result.response is not None and result.response.usage.prompt_tokens == 51
+        # the CLI: the body's `input` names the endpoint
+        done = qbatch(
+            lane, "submit", "--body", '{"input": ["a b", "c"]}', "--wait", "--timeout", "30"
+        )
+        assert done.returncode == 0, done.stderr
+        printed = json.loads(done.stdout)
+        assert printed["status"] == "succeeded" and len(printed["response"]["data"]) == 2
         # a chat request is not for this pool: answered, naming the endpoint
         rid = qb.submit({"messages": [{"role": "user", "content": "hi"}]})
         result = qb.wait(rid, timeout=30)
@@ -285,3 +292,9 @@ def test_openai_sdk_embeddings_and_an_embeddings_batch(tmp_path: Path) -> None:
         for row in rows:
             [item] = row["response"]["body"]["data"]
             assert len(floats(item["embedding"])) == 24
+        # usage per tenant counts embeddings as requests and prompt tokens, no completions
+        usage = qbatch(server.lane, "usage", "--tenant", "team-a", "--json")
+        assert usage.returncode == 0, usage.stderr
+        [row] = json.loads(usage.stdout)
+        assert row["model"] == "echo" and row["requests"] == 4 + 20
+        assert row["prompt_tokens"] == 3 + 1 + 1 + 40 and row["completion_tokens"] == 0

@@ -312,3 +312,245 @@ def test_bulk_lines_default_to_base64_unless_they_chose() -> None:
         "job",
     )
     assert plain.envelope is not None and plain.envelope.body.encoding_format is None
+
+
+# ---------------------------------------------------------------- the engines
+
+
+def _settings(**kw: Any) -> Any:
+    from worker.config import WorkerSettings
+
+    return WorkerSettings(engine="vllm", task="embed", model="/models/Qwen3-Embedding-8B", **kw)
+
+
+def test_the_vllm_embedder_loads_the_pooling_runner_without_the_step_cap() -> None:
+    from worker.engines import engine_class
+    from worker.engines.vllm_embed import VllmEmbedder, embed_kwargs
+
+    kwargs = embed_kwargs(_settings(interactive_step_tokens=256, tensor_parallel_size=2))
+    assert (kwargs["runner"], kwargs["convert"]) == ("pooling", "embed")
+    assert "scheduler_cls" not in kwargs and kwargs["tensor_parallel_size"] == 2
+    assert embed_kwargs(_settings(engine_args={"convert": "none"}))["convert"] == "none"
+    assert engine_class("vllm", "embed") is VllmEmbedder
+    assert VllmEmbedder.supported_tasks == frozenset({"embed"})
+
+
+class _Pooled:
+    def __init__(self, ids: list[int], vector: list[float]) -> None:
+        self.prompt_token_ids = ids
+        self.outputs = type("Out", (), {"data": vector})()
+
+
+def _embed_request(key: str, *inputs: list[int], dims: int | None = None) -> Any:
+    from worker.engines.base import EmbedSpec, EngineRequest, SamplingSpec
+
+    spec = EmbedSpec(inputs=tuple(inputs), dimensions=dims)
+    return EngineRequest(key, "", None, SamplingSpec(max_tokens=1), embed=spec)
+
+
+def test_the_vllm_embedder_answers_each_request_once_in_input_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from worker.engines.vllm_embed import VllmEmbedder
+
+    class FakeLLM:
+        def __init__(self) -> None:
+            self.ids: list[str] = []
+
+        async def encode(self, prompt: Any, params: Any, request_id: str, priority: int = 0) -> Any:
+            self.ids.append(request_id)
+            ids = prompt["prompt_token_ids"]
+            if ids == [666]:
+                raise RuntimeError("engine fault")
+            if ids == [777]:
+                await asyncio.sleep(10)
+            yield _Pooled(ids, [float(ids[0]), 0.0])
+
+    engine = VllmEmbedder({"model": "m"})
+    engine._llm = FakeLLM()
+    # no vLLM here: the spec stands in for its PoolingParams
+    monkeypatch.setattr("worker.engines.vllm_embed._pooling_params", lambda spec: spec)
+    outputs: list[EngineOutput] = []
+
+    async def scenario() -> None:
+        await engine._generate(_embed_request("a", [3, 4], [5]), outputs.append)
+        await engine._generate(_embed_request("b", [1], [666]), outputs.append)
+        task = asyncio.ensure_future(engine._generate(_embed_request("c", [777]), outputs.append))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    by_key = {o.key: o for o in outputs}
+    assert len(outputs) == 3
+    assert by_key["a"].embeddings == [[3.0, 0.0], [5.0, 0.0]] and by_key["a"].prompt_tokens == 3
+    assert by_key["b"].finish == "error" and "engine fault" in (by_key["b"].error or "")
+    assert by_key["c"].finish == "abort"
+    assert engine._llm.ids[:2] == ["a#0", "a#1"]
+
+
+def test_the_vllm_embedders_static_batch_splits_one_embed_call_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from worker.engines.vllm_embed import VllmEmbedder
+
+    calls: list[int] = []
+
+    class FakeLLM:
+        def embed(self, prompts: list[Any], pooling_params: Any, use_tqdm: bool) -> list[Any]:
+            calls.append(len(prompts))
+            return [_Pooled(p["prompt_token_ids"], [1.0] * 2) for p in prompts]
+
+    engine = VllmEmbedder({"model": "m"}, mode="static")
+    engine._llm = FakeLLM()
+    monkeypatch.setattr("worker.engines.vllm_embed._pooling_params", lambda spec: spec)
+    outputs: list[EngineOutput] = []
+    batch = [_embed_request("a", [1, 2], [3]), _embed_request("b", [4])]
+    engine._run_static_batch(batch, outputs.append)
+    assert calls == [3]  # one call for the whole micro-batch
+    assert [(o.key, len(o.embeddings or []), o.prompt_tokens) for o in outputs] == [
+        ("a", 2, 3),
+        ("b", 1, 1),
+    ]
+
+
+def test_a_transformers_vector_does_not_depend_on_its_batch_mates(tiny_qwen3_dir: Any) -> None:
+    import threading
+
+    from worker.engines.transformers_embed import TransformersEmbedder
+
+    engine = TransformersEmbedder(str(tiny_qwen3_dir), max_model_len=64)
+    engine.start()
+    try:
+
+        def run(*requests: Any) -> dict[str, EngineOutput]:
+            done: dict[str, EngineOutput] = {}
+            event = threading.Event()
+
+            def collect(output: EngineOutput) -> None:
+                done[output.key] = output
+                if len(done) == len(requests):
+                    event.set()
+
+            engine.submit(list(requests), collect)
+            assert event.wait(60)
+            return done
+
+        alone = run(_embed_request("a", [10, 11, 12]))["a"]
+        mixed = run(
+            _embed_request("long", list(range(100, 150))),
+            _embed_request("a", [10, 11, 12]),
+            _embed_request("over", list(range(100, 200))),
+            _embed_request("short", [7], dims=8),
+        )
+        assert alone.embeddings is not None and mixed["a"].embeddings is not None
+        diff = max(
+            abs(x - y) for x, y in zip(alone.embeddings[0], mixed["a"].embeddings[0], strict=True)
+        )
+        assert diff < 1e-5
+        assert mixed["over"].finish == "error" and "max_model_len" in (mixed["over"].error or "")
+        assert len((mixed["short"].embeddings or [[]])[0]) == 8
+    finally:
+        engine.close()
+
+
+# ---------------------------------------------------------------- found in review
+
+
+@pytest.mark.parametrize(
+    ("value", "param"),
+    [
+        (["a", ""], "body.input[1]"),
+        (["a", [1]], "body.input[1]"),
+        ([[1, 2], []], "body.input[1]"),
+        ([[1, 2], [3, -1]], "body.input[1][1]"),
+        ([1, "a"], "body.input[1]"),
+        ([[1], [2.5]], "body.input[1][0]"),
+    ],
+)
+def test_the_input_at_fault_is_named_not_the_whole_union(value: Any, param: str) -> None:
+    from schemas import validate_envelope
+
+    with pytest.raises(ContractError) as caught:
+        validate_envelope(
+            {"request_id": "r", "endpoint": "/v1/embeddings", "body": {"input": value}}
+        )
+    assert caught.value.param == param, caught.value
+
+
+def test_an_input_of_no_tokens_is_refused_naming_it() -> None:
+    _, renderer = echo_renderer()
+    with pytest.raises(ContractError) as caught:
+        renderer.render(envelope({"input": ["fine", "   "]}))
+    assert caught.value.param == "body.input[1]" and "no tokens" in caught.value.message
+
+
+def test_a_vector_that_is_not_finite_fails_the_request_instead_of_writing_null() -> None:
+    _, renderer = echo_renderer(2)
+    env = envelope({"input": "x"})
+    rendered = renderer.render(env)
+    bad = EngineOutput("k", "", 1, 0, "stop", embeddings=[[float("nan"), 0.0]])
+    with pytest.raises(ValueError, match="not finite"):
+        build_response(env, rendered, bad, model="echo", created=1)
+
+
+def test_the_size_bound_covers_a_result_with_the_largest_envelope() -> None:
+    engine, renderer = echo_renderer(1024, max_result_bytes=16 << 20)
+    env = envelope(
+        {"input": [f"text {i}" for i in range(17)], "encoding_format": "base64"},
+        metadata={"blob": "x" * 16_000},
+        custom_id="c" * 512,
+    )
+    rendered, response = run(engine, renderer, env)
+    result = ResultEnvelope.for_request(env, Status.succeeded, response=response)
+    assert len(result.model_dump_json(exclude_none=True)) < rendered.result_bytes
+
+
+def test_one_failing_input_stops_the_requests_other_inputs_in_vllm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from worker.engines.vllm_embed import VllmEmbedder
+
+    cancelled: list[str] = []
+
+    class FakeLLM:
+        async def encode(self, prompt: Any, params: Any, request_id: str, priority: int = 0) -> Any:
+            if prompt["prompt_token_ids"] == [666]:
+                raise RuntimeError("refused")
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(request_id)
+                raise
+            yield _Pooled([1], [1.0])
+
+    engine = VllmEmbedder({"model": "m"})
+    engine._llm = FakeLLM()
+    monkeypatch.setattr("worker.engines.vllm_embed._pooling_params", lambda spec: spec)
+    outputs: list[EngineOutput] = []
+    asyncio.run(engine._generate(_embed_request("a", [1], [666], [2]), outputs.append))
+    [output] = outputs
+    assert output.finish == "error" and "refused" in (output.error or "")
+    assert sorted(cancelled) == ["a#0", "a#2"]
+
+
+def test_in_static_mode_a_bad_request_fails_only_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.engines.vllm_embed import VllmEmbedder
+
+    class FakeLLM:
+        def embed(self, prompts: list[Any], pooling_params: Any, use_tqdm: bool) -> list[Any]:
+            if any(p["prompt_token_ids"] == [666] for p in prompts):
+                raise ValueError("prompt refused")
+            return [_Pooled(p["prompt_token_ids"], [1.0]) for p in prompts]
+
+    engine = VllmEmbedder({"model": "m"}, mode="static")
+    engine._llm = FakeLLM()
+    monkeypatch.setattr("worker.engines.vllm_embed._pooling_params", lambda spec: spec)
+    outputs: list[EngineOutput] = []
+    batch = [_embed_request("a", [1]), _embed_request("bad", [666]), _embed_request("c", [2])]
+    engine._run_static_batch(batch, outputs.append)
+    assert {o.key: o.finish for o in outputs} == {"a": "stop", "bad": "error", "c": "stop"}

@@ -11,6 +11,7 @@ holds one vector per input; the response sends them as floats or base64.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -107,9 +108,14 @@ class EmbeddingsHandler(EndpointHandler):
                 )
             return item, len(item)
         if tokenizer is None:
-            return item, len(item.split())
-        ids = list(tokenizer(item, add_special_tokens=True)["input_ids"])
-        return ids, len(ids)
+            n = len(item.split())
+            value: Any = item
+        else:
+            value = list(tokenizer(item, add_special_tokens=True)["input_ids"])
+            n = len(value)
+        if n == 0:  # vLLM refuses an empty prompt: say so here, naming the input
+            raise ContractError("the input is no tokens once tokenised", param=param)
+        return value, n
 
     def _fit(
         self,
@@ -199,6 +205,9 @@ class EmbeddingsHandler(EndpointHandler):
                 f"request {output.key}: the engine gave {len(vectors or ())} vectors for "
                 f"{expected} inputs"
             )
+        if not all(math.isfinite(x) for vector in vectors for x in vector):
+            # JSON has no NaN (pydantic writes null): a result no reader could parse back
+            raise ValueError(f"request {output.key}: the engine gave a vector that is not finite")
         fmt = body.wire_format()
         data = [
             Embedding(index=index, embedding=encode_vector(vector, fmt))

@@ -65,7 +65,8 @@ class EmbedSpec:
     pooled and L2-normalised, cut to `dimensions` (Matryoshka) when set."""
 
     inputs: tuple[list[int], ...] | tuple[str, ...]
-    """Each input's token ids; without a tokenizer (echo) each input's text."""
+    """Each input's token ids (what the request gave, or its tokenised text); without a
+    tokenizer (echo) a text input stays text."""
     dimensions: int | None = None
 
 

@@ -79,32 +79,43 @@ class VllmEmbedder(VllmEngine):
         )
 
     def _run_static_batch(self, batch: Sequence[EngineRequest], on_done: OnDone) -> None:
-        """A micro-batch's inputs in one `LLM.embed` call."""
+        """A micro-batch's inputs in one `LLM.embed` call (which takes no priorities: lanes
+        order only the micro-batches in static mode). When that call fails, each request
+        runs alone, so one bad request fails only itself."""
         ready = [r for r in batch if r.embed is not None]
         for request in batch:
             if request.embed is None:
                 on_done(_not_embed(request))
+        try:
+            outputs = self._embed_together(ready)
+        except Exception as exc:
+            if len(ready) == 1:
+                log.exception("vllm_static_embed_failed", size=1)
+                on_done(_failed(ready[0], exc))
+                return
+            for request in ready:
+                self._run_static_batch([request], on_done)
+            return
+        for output in outputs:
+            on_done(output)
+
+    def _embed_together(self, ready: list[EngineRequest]) -> list[EngineOutput]:
         prompts: list[dict[str, Any]] = []
         params: list[Any] = []
         for request in ready:
             assert request.embed is not None
             prompts += _inputs(request.embed)
             params += [_pooling_params(request.embed)] * len(request.embed.inputs)
-        try:
-            results = self._llm.embed(prompts, pooling_params=params, use_tqdm=False)
-        except Exception as exc:
-            log.exception("vllm_static_embed_failed", size=len(prompts))
-            for request in ready:
-                on_done(EngineOutput(request.key, "", 0, 0, "error", error=describe_error(exc)))
-            return
-        at = 0
+        results = self._llm.embed(prompts, pooling_params=params, use_tqdm=False)
+        outputs, at = [], 0
         for request in ready:
             assert request.embed is not None
             mine = results[at : at + len(request.embed.inputs)]
             at += len(mine)
             tokens = sum(len(r.prompt_token_ids) for r in mine)
             vectors = [_vector(r) for r in mine]
-            on_done(EngineOutput(request.key, "", tokens, 0, "stop", embeddings=vectors))
+            outputs.append(EngineOutput(request.key, "", tokens, 0, "stop", embeddings=vectors))
+        return outputs
 
     async def _generate(self, request: EngineRequest, on_done: OnDone) -> None:
         """Every input of the request as one vLLM pooling request, awaited together; a
@@ -115,16 +126,25 @@ class VllmEmbedder(VllmEngine):
             return
         params = _pooling_params(spec)
         parts = [
-            self._encode_one(prompt, params, f"{request.key}#{i}", request.priority)
+            asyncio.ensure_future(
+                self._encode_one(prompt, params, f"{request.key}#{i}", request.priority)
+            )
             for i, prompt in enumerate(_inputs(spec))
         ]
         try:
             finals = await asyncio.gather(*parts)
-        except asyncio.CancelledError:
-            on_done(EngineOutput(request.key, "", 0, 0, "abort"))
-            return
-        except Exception as exc:
-            on_done(EngineOutput(request.key, "", 0, 0, "error", error=describe_error(exc)))
+        except BaseException as exc:
+            # gather passes the first failure on and leaves the other inputs running in
+            # vLLM: stop them all (vLLM aborts each) before the request is answered
+            for part in parts:
+                part.cancel()
+            await asyncio.gather(*parts, return_exceptions=True)
+            if isinstance(exc, asyncio.CancelledError):
+                on_done(EngineOutput(request.key, "", 0, 0, "abort"))
+            elif isinstance(exc, Exception):
+                on_done(EngineOutput(request.key, "", 0, 0, "error", error=describe_error(exc)))
+            else:
+                raise
             return
         try:
             tokens = sum(len(final.prompt_token_ids) for final in finals)
@@ -144,6 +164,10 @@ class VllmEmbedder(VllmEngine):
         if final is None:
             raise RuntimeError("engine returned nothing")
         return final
+
+
+def _failed(request: EngineRequest, exc: BaseException) -> EngineOutput:
+    return EngineOutput(request.key, "", 0, 0, "error", error=describe_error(exc))
 
 
 def _not_embed(request: EngineRequest) -> EngineOutput:
