@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The throughput measurements of issue 43 on the lent GPU, one phase after another, each
-# writing under $DIR as it ends (a budget running out still leaves the earlier ones):
+# What is waiting for a GPU, one phase after another, each writing under $DIR as it ends
+# (a budget running out still leaves the earlier ones). In the order the issues come:
 #
-#   1. bench_gpu full --model 0.6b: raw LLM.generate (A) and the worker (C) on W, 6,000
+#   0. (issue 42) `lanes`: bench_gpu lanes-start with the step cap off, 256 and 1024 on W,
+#      then off and 256 on the night of job families; `smoke`: pytest tests/gpu (the step
+#      cap's lane scheduler and the embeddings pool included). Not in the default list:
+#      PHASES="lanes smoke full profile prefix embed" runs everything;
+#   1. (issue 43) bench_gpu full --model 0.6b: raw LLM.generate (A) and the worker (C) on W, 6,000
 #      requests, each engine in its own child process;
 #   2. the worker (C) on 0.6B again under py-spy (--gil --threads, raw stacks): where the
 #      GIL goes in the worker process at full load; summed by tests/benchmarks/profile_summary.py;
@@ -47,6 +51,19 @@ for phase in $PHASES; do
       $B qbatch --out "$DIR/prefix" --warmup 64 --night --only N --placements prefix \
         || log "qbatch exited $?"
       $B report --out "$DIR/prefix" || true
+      ;;
+    lanes)
+      log "lanes-start: W (off, cap256, cap1024), families (off, cap256)"
+      $PY -m tests.benchmarks.bench_gpu lanes-start --n 800 --warmup 64 \
+        --variants on,cap256,cap1024 --out "$DIR/lanes-w" || log "lanes W exited $?"
+      $PY -m tests.benchmarks.bench_gpu lanes-start --warmup 64 --workload families \
+        --variants on,cap256 --out "$DIR/lanes-families" || log "lanes families exited $?"
+      ;;
+    smoke)
+      log "pytest tests/gpu"
+      $PY -m pytest tests/gpu -q -p no:cacheprovider > "$DIR/smoke.txt" 2>&1 \
+        || log "smoke exited $?"
+      tail -3 "$DIR/smoke.txt"
       ;;
     embed)
       B="$PY -m tests.benchmarks.bench_gpu_embed"

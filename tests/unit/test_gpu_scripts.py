@@ -240,3 +240,25 @@ def test_bg_refuses_unknown_jobs_and_names_that_are_not_file_names(tmp_path: Pat
     assert not list(tmp_path.iterdir())
     assert _bg(tmp_path, "start", "twice", "sleep 5").returncode == 0
     assert _bg(tmp_path, "start", "twice", "true").returncode == 2  # still running
+
+
+def test_the_waiting_gpu_phases_run_in_order_and_name_their_commands(tmp_path: Path) -> None:
+    """throughput-runs.sh with `echo` for python: every phase's commands, none run."""
+    env = os.environ | {"PYTHON": "echo", "PHASES": "lanes smoke full prefix embed"}
+    proc = subprocess.run(
+        ["bash", str(GPU / "throughput-runs.sh"), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    order = [
+        "-m tests.benchmarks.bench_gpu lanes-start --n 800",
+        "--workload families --variants on,cap256",
+        "-m tests.benchmarks.bench_gpu full --model 0.6b",
+        "-m tests.benchmarks.bench_gpu_prefix raw",
+        "-m tests.benchmarks.bench_gpu_embed raw --out",
+        "-m tests.benchmarks.bench_gpu_embed report",
+    ]
+    at = [out.find(piece) for piece in order]
+    assert all(i >= 0 for i in at) and at == sorted(at), out
+    assert "--model 14b" in out and "pytest tests/gpu" in (tmp_path / "smoke.txt").read_text()
