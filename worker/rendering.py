@@ -115,7 +115,7 @@ class PromptRenderer:
         template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
         # Thinking is only "enabled" for templates that know about <think> (Qwen3 and kin).
         self.template_thinks = isinstance(template, str) and "<think>" in template
-        self.vocab_size = len(tokenizer) if tokenizer is not None else None
+        self._vocab_size = len(tokenizer) if tokenizer is not None else None
         self._think_end_id = _token_id(tokenizer, "</think>") if self.template_thinks else None
         self.modalities = frozenset(modalities)
         self.max_result_bytes = max_result_bytes
@@ -252,9 +252,19 @@ class PromptRenderer:
             ),
         )
 
+    def check_vocabulary(self, ids: Iterable[int], param: str) -> None:
+        """Token ids a request names must be in the vocabulary (vLLM refuses them too):
+        a ContractError naming `param` otherwise (no check without a tokenizer)."""
+        if self._vocab_size is None:
+            return
+        bad = next((i for i in ids if i >= self._vocab_size), None)
+        if bad is not None:
+            raise ContractError(
+                f"token id {bad} is out of the vocabulary (size {self._vocab_size})", param=param
+            )
+
     def _check_token_ids(self, handler: EndpointHandler, body: Any) -> None:
-        """Token ids a request names must be in the vocabulary (vLLM refuses them too)."""
-        if self.vocab_size is None:
+        if self._vocab_size is None:
             return
         named = {
             "logit_bias": [int(k) for k in body.logit_bias or ()],
@@ -263,12 +273,7 @@ class PromptRenderer:
             "prompt": handler.prompt_token_ids(body),
         }
         for name, ids in named.items():
-            bad = next((i for i in ids if i >= self.vocab_size), None)
-            if bad is not None:
-                raise ContractError(
-                    f"token id {bad} is out of the vocabulary (size {self.vocab_size})",
-                    param=f"body.{name}",
-                )
+            self.check_vocabulary(ids, f"body.{name}")
 
     def _max_tokens(
         self, n_prompt: int, explicit: int | None, prompt_param: str, max_param: str

@@ -99,13 +99,7 @@ class EmbeddingsHandler(EndpointHandler):
         """(what the engine takes for the input, its length in tokens)."""
         tokenizer = renderer.tokenizer
         if isinstance(item, list):
-            vocab = renderer.vocab_size
-            bad = next((i for i in item if vocab is not None and i >= vocab), None)
-            if bad is not None:
-                raise ContractError(
-                    f"token id {bad} is out of the vocabulary (size {vocab})",
-                    param=param,
-                )
+            renderer.check_vocabulary(item, param)
             return item, len(item)
         if tokenizer is None:
             n = len(item.split())

@@ -13,21 +13,14 @@ The queue, thread and lifecycle are the generate engine's (`TransformersEngine`)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import structlog
+from typing import Any
 
 from schemas.endpoints import Task
 from worker.embedding import shortened
 from worker.engines.base import EmbeddingShape, EngineOutput, EngineRequest, OnDone
 from worker.engines.transformers_engine import TransformersEngine, _deliver, _error
 
-if TYPE_CHECKING:
-    from worker.config import WorkerSettings
-
 __all__ = ["TransformersEmbedder"]
-
-log = structlog.get_logger("qbatch.engine.transformers_embed")
 
 ROWS_PER_FORWARD = 16
 """Inputs in one forward pass: bounds the padded activations a micro-batch allocates."""
@@ -39,19 +32,8 @@ class TransformersEmbedder(TransformersEngine):
 
     def __init__(self, model_path: str, **kwargs: Any) -> None:
         super().__init__(model_path, **kwargs)
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model_path)
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        self.embedding_shape = EmbeddingShape.of_config(config, int(text_config.hidden_size))
-
-    @classmethod
-    def from_settings(cls, settings: WorkerSettings) -> TransformersEmbedder:
-        if not settings.model:
-            raise ValueError("--model is required for engine transformers")
-        return cls(
-            settings.model, max_model_len=settings.max_model_len, served_name=settings.served_name()
-        )
+        hidden = int(self._text_config.hidden_size)
+        self.embedding_shape = EmbeddingShape.of_config(self._config, hidden)
 
     def _model_class(self) -> Any:
         """The model without its language-model head: the final hidden states."""

@@ -111,6 +111,7 @@ class TransformersEngine(Engine):
         self._tokenizer.padding_side = "left"
         config = AutoConfig.from_pretrained(model_path)
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self._config, self._text_config = config, text_config
         native = getattr(text_config, "max_position_embeddings", None)
         self._max_model_len = int(max_model_len or native or 2048)
 

@@ -142,7 +142,7 @@ class VllmEmbedder(VllmEngine):
             if isinstance(exc, asyncio.CancelledError):
                 on_done(EngineOutput(request.key, "", 0, 0, "abort"))
             elif isinstance(exc, Exception):
-                on_done(EngineOutput(request.key, "", 0, 0, "error", error=describe_error(exc)))
+                on_done(_failed(request, exc))
             else:
                 raise
             return
@@ -152,7 +152,7 @@ class VllmEmbedder(VllmEngine):
                 request.key, "", tokens, 0, "stop", embeddings=[_vector(f) for f in finals]
             )
         except Exception as exc:  # an odd output must still answer its request
-            output = EngineOutput(request.key, "", 0, 0, "error", error=describe_error(exc))
+            output = _failed(request, exc)
         on_done(output)
 
     async def _encode_one(
